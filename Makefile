@@ -1,0 +1,33 @@
+# Two commands: `make run` (the demo fleet) and `make test` (the whole fast suite).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-postgres soak bench clean
+
+run: $(STAMP)
+	$(BIN)/investigations up
+
+test: $(STAMP)
+	$(BIN)/pytest -m "not soak" -q
+
+# Only the tests that need PostgreSQL (they also run in `make test`).
+test-postgres: $(STAMP)
+	$(BIN)/pytest -m postgres -q
+
+soak: $(STAMP)
+	$(BIN)/pytest -m soak -q
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+# The virtualenv is rebuilt whenever pyproject.toml changes.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .investigations .dagster_home .pytest_cache

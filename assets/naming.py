@@ -1,0 +1,20 @@
+"""Every Dagster name derived from a source name, in one place."""
+
+from __future__ import annotations
+
+from dagster import AssetKey
+
+SOURCE_GROUP = "sources"
+EMPTY_CHECK_NAME = "not_silently_empty"
+
+
+def source_asset_key(source: str) -> AssetKey:
+    return AssetKey(["sources", source])
+
+
+def pool_name(source: str) -> str:
+    return f"source_{source}"
+
+
+def job_name(source: str) -> str:
+    return f"collect_{source}"

@@ -1,0 +1,29 @@
+"""The one place the fleet's Dagster `Definitions` is built (workspace.yaml and pyproject load it)."""
+
+from __future__ import annotations
+
+from dagster import Definitions, in_process_executor
+
+from assets.jobs import build_source_job
+from assets.sources import build_source_asset
+from investigations.catalog import load_catalog
+from investigations.config import Settings
+from resources.fleet import FleetResource
+from sensors.new_leads import build_new_lead_sensor
+
+
+def build_definitions(settings: Settings | None = None) -> Definitions:
+    settings = settings or Settings.from_env()
+    catalog = load_catalog(settings.sources_path)
+    jobs = [build_source_job(spec) for spec in catalog.sources]
+    return Definitions(
+        assets=[build_source_asset(spec) for spec in catalog.sources],
+        jobs=jobs,
+        sensors=[build_new_lead_sensor(catalog, jobs)],
+        resources={"fleet": FleetResource()},
+        # One lead per run does little work; the in-process executor halves each run's overhead.
+        executor=in_process_executor,
+    )
+
+
+defs = build_definitions()

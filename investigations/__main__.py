@@ -1,0 +1,3 @@
+from investigations.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""Adapters: how a source's leads become requests and its answers become records.
+
+Adding an adapter is a class here plus one registry entry; its parse config model lives in
+`investigations.specs.PARSE_MODELS` under the same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from investigations.adapters.base import Adapter, ParsedRecord, ParseError, PlannedRequest
+from investigations.adapters.html import HtmlAdapter
+from investigations.adapters.json_api import JsonApiAdapter
+from investigations.specs import SourceSpec
+
+ADAPTERS: dict[str, Callable[[SourceSpec], Adapter]] = {"json_api": JsonApiAdapter, "html": HtmlAdapter}
+
+
+def build_adapter(spec: SourceSpec) -> Adapter:
+    """The adapter named by `spec.adapter`, configured by the spec."""
+    try:
+        make = ADAPTERS[spec.adapter]
+    except KeyError:
+        raise KeyError(f"source {spec.name!r}: unknown adapter {spec.adapter!r} (known: {', '.join(ADAPTERS)})") from None
+    return make(spec)
+
+
+__all__ = [
+    "ADAPTERS",
+    "Adapter",
+    "HtmlAdapter",
+    "JsonApiAdapter",
+    "ParseError",
+    "ParsedRecord",
+    "PlannedRequest",
+    "build_adapter",
+]

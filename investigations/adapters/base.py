@@ -1,0 +1,96 @@
+"""What every adapter shares: the planned request, the parsed record and how a record is keyed.
+
+An adapter turns a lead into requests and a response body into records. It never does I/O: the
+fetcher sends, the adapter only plans and parses, so parsing is tested on recorded bodies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import quote, urljoin
+
+from investigations.fetcher import redact_url
+from investigations.leads import Lead
+from investigations.specs import SourceSpec
+
+# Fields whose value is a link: made absolute against the page and used as the record's url.
+URL_FIELDS = ("url", "link")
+
+
+class ParseError(Exception):
+    """A body that does not have the shape the source's parse config expects."""
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """One request an adapter wants sent for a lead; the fetcher sends it."""
+
+    method: str
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParsedRecord:
+    """One thing a source said about a lead: a stable key, where it was seen, and its fields."""
+
+    key: str
+    url: str | None
+    fields: dict[str, Any]
+
+
+class Adapter(Protocol):
+    """Plans the requests for a lead and parses a response body into records."""
+
+    spec: SourceSpec
+
+    def requests_for(self, lead: Lead) -> list[PlannedRequest]: ...
+
+    def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]: ...
+
+
+class TemplateAdapter:
+    """Base of the generic adapters: one request per lead, built from the spec's url template."""
+
+    def __init__(self, spec: SourceSpec) -> None:
+        self.spec = spec
+
+    def requests_for(self, lead: Lead) -> list[PlannedRequest]:
+        """The request for `lead`, or none when the source does not take leads of its kind."""
+        if not self.spec.accepts(lead.kind):
+            return []
+        # The value is quoted with safe="" so a lead can never add a path segment or a parameter.
+        url = self.spec.request.url.format_map(
+            {"kind": lead.kind, "value": quote(lead.value, safe=""), "lead_id": lead.id}
+        )
+        return [PlannedRequest(self.spec.request.method, url, dict(self.spec.request.headers))]
+
+    def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def make_record(fields: dict[str, Any], *, page_url: str, raw_key: Any) -> ParsedRecord:
+    """Key and url a record's fields.
+
+    The key is `raw_key` (the record_key value) when it has one, else a hash of the canonical
+    fields, so the same record gets the same key on every crawl. `page_url` must already be redacted.
+    """
+    if raw_key is None or raw_key == "":
+        key = hashlib.sha256(canonical_json(fields).encode()).hexdigest()[:16]
+    else:
+        key = raw_key if isinstance(raw_key, str) else canonical_json(raw_key)
+    link = next((fields[name] for name in URL_FIELDS if isinstance(fields.get(name), str) and fields[name]), None)
+    return ParsedRecord(key=key, url=urljoin(page_url, link) if link else page_url, fields=fields)
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: equal values always give equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def page_base(url: str) -> str:
+    # Records are stored and shown; a secret in the request's query string must not end up there.
+    return redact_url(url)

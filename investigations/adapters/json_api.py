@@ -1,0 +1,71 @@
+"""Records from a JSON API: a dotted path to the list of items, and fields picked from each item."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urljoin
+
+from investigations.adapters.base import URL_FIELDS, ParsedRecord, ParseError, TemplateAdapter, make_record, page_base
+from investigations.specs import JsonApiParse
+
+_MISSING = object()
+
+
+class JsonApiAdapter(TemplateAdapter):
+    """Parses `{"results": [...]}`-style answers as configured by `JsonApiParse`."""
+
+    def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:
+        """Records of a JSON body; ParseError when it is not JSON or the path does not lead to a list."""
+        config = self.spec.parse
+        assert isinstance(config, JsonApiParse), "a json_api source always has a JsonApiParse"
+        try:
+            document = json.loads(body)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            raise ParseError(f"source {self.spec.name!r}: body is not valid JSON ({exc})") from None
+        items = dig(document, config.records_path) if config.records_path else document
+        if not isinstance(items, list):
+            found = "nothing" if items is _MISSING else f"a {type(items).__name__}"
+            where = f"records_path {config.records_path!r}" if config.records_path else "the top level"
+            raise ParseError(f"source {self.spec.name!r}: {where} holds {found}, not a list of records")
+        base = page_base(url)
+        records = []
+        for item in items:
+            if config.fields:
+                fields = {name: _none_if_missing(dig(item, path)) for name, path in config.fields.items()}
+            else:
+                # A list of scalars still makes records; each keeps its value under one name.
+                fields = dict(item) if isinstance(item, dict) else {"value": item}
+            for name in URL_FIELDS:
+                if isinstance(fields.get(name), str) and fields[name]:
+                    fields[name] = urljoin(base, fields[name])
+            records.append(make_record(fields, page_url=base, raw_key=_key_of(item, fields, config.record_key)))
+        return records
+
+
+def dig(value: Any, path: str) -> Any:
+    """The value at a dotted path (`a.b.0.c`; digits index lists), or a sentinel when it is missing."""
+    for step in path.split("."):
+        if isinstance(value, dict) and step in value:
+            value = value[step]
+        elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
+            value = value[int(step)]
+        else:
+            return _MISSING
+    return value
+
+
+def _key_of(item: Any, fields: dict[str, Any], record_key: str | None) -> Any:
+    """The record_key value: an output field of that name, else that dotted path in the raw item.
+
+    An API's id is often worth keying on without being worth keeping as a field.
+    """
+    if not record_key:
+        return None
+    if record_key in fields:
+        return fields[record_key]
+    return _none_if_missing(dig(item, record_key))
+
+
+def _none_if_missing(value: Any) -> Any:
+    return None if value is _MISSING else value

@@ -1,0 +1,163 @@
+"""The `investigations` command: run the fleet's services and look at what it knows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from investigations.config import ConfigError, Settings
+from investigations.leads import LeadError, normalize_lead
+from investigations.specs import SpecError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (SpecError, ConfigError, LeadError) as exc:
+        print(f"investigations: {exc}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="investigations", description=__doc__)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run the demo fleet: sandbox web, intake, Dagster UI and daemon")
+    up.add_argument("--no-demo", action="store_true", help="do not send the demo case")
+    up.set_defaults(func=_up)
+
+    sandbox = sub.add_parser("sandbox", help="serve the sandbox web (fake sources with known behaviour)")
+    sandbox.add_argument("--host", default="127.0.0.1")
+    sandbox.add_argument("--port", type=int, default=None, help="default: INVESTIGATIONS_SANDBOX_PORT or 8800")
+    sandbox.add_argument("--seed", type=int, default=7)
+    sandbox.set_defaults(func=_sandbox)
+
+    intake = sub.add_parser("intake", help="serve the webhook intake (POST /v1/leads)")
+    intake.add_argument("--host", default="127.0.0.1")
+    intake.add_argument("--port", type=int, default=None, help="default: INVESTIGATIONS_INTAKE_PORT or 8700")
+    intake.set_defaults(func=_intake)
+
+    demo = sub.add_parser("demo-case", help="send the signed demo case to a running intake")
+    demo.add_argument("--intake-url", default=None)
+    demo.add_argument("--case-id", default=None)
+    demo.set_defaults(func=_demo_case)
+
+    leads = sub.add_parser("leads", help="list leads with their cases and last collections, or add one")
+    leads_sub = leads.add_subparsers(required=True, metavar="ACTION")
+    leads_list = leads_sub.add_parser("list", help="every lead, its cases and last success per source")
+    leads_list.add_argument("--json", action="store_true")
+    leads_list.set_defaults(func=_leads_list)
+    leads_add = leads_sub.add_parser("add", help="register a lead in a case (no collection is queued)")
+    leads_add.add_argument("kind")
+    leads_add.add_argument("value")
+    leads_add.add_argument("--case", required=True)
+    leads_add.set_defaults(func=_leads_add)
+
+    dlq = sub.add_parser("dlq", help="dead letters: collections that gave up")
+    dlq_sub = dlq.add_subparsers(required=True, metavar="ACTION")
+    dlq_list = dlq_sub.add_parser("list", help="list dead letters")
+    dlq_list.add_argument("--source")
+    dlq_list.add_argument("--reason")
+    dlq_list.add_argument("--json", action="store_true")
+    dlq_list.set_defaults(func=_dlq_list)
+
+    fleet = sub.add_parser("fleet", help="per-source status from the fetch log")
+    fleet.add_argument("--hours", type=float, default=24.0)
+    fleet.add_argument("--json", action="store_true")
+    fleet.set_defaults(func=_fleet)
+    return parser
+
+
+def _store(settings: Settings):  # noqa: ANN202 - imported lazily to keep `--help` fast
+    from investigations.store import StateStore
+
+    return StateStore.from_url(settings.database_url)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from investigations.devfleet import run_demo_fleet
+
+    return run_demo_fleet(Path.cwd(), send_demo=not args.no_demo)
+
+
+def _sandbox(args: argparse.Namespace) -> int:
+    from investigations.sandbox import SandboxConfig, serve
+
+    port = args.port or Settings.from_env().sandbox_port
+    serve(host=args.host, port=port, config=SandboxConfig(seed=args.seed))
+    return 0
+
+
+def _intake(args: argparse.Namespace) -> int:
+    from investigations.intake import serve
+
+    settings = Settings.from_env()
+    serve(settings, host=args.host, port=args.port or settings.intake_port)
+    return 0
+
+
+def _demo_case(args: argparse.Namespace) -> int:
+    from investigations.demo import DEMO_CASE_ID, demo_body, send_case
+
+    settings = Settings.from_env()
+    if not settings.webhook_secret:
+        raise ConfigError("INVESTIGATIONS_WEBHOOK_SECRET is not set")
+    url = args.intake_url or f"http://127.0.0.1:{settings.intake_port}"
+    answer = send_case(url, settings.webhook_secret, demo_body(args.case_id or DEMO_CASE_ID))
+    print(f"HTTP {answer.status_code}: {answer.text}")
+    return 0 if answer.is_success else 1
+
+
+def _leads_list(args: argparse.Namespace) -> int:
+    rows = _store(Settings.from_env()).leads_overview()
+    if args.json:
+        print(json.dumps(rows, default=str, indent=2))
+        return 0
+    for row in rows:
+        print(f"{row['lead_id']}  {row['kind']:<8} {row['value']}  cases: {', '.join(row['cases']) or '-'}")
+        for source, coll in sorted(row["collections"].items()):
+            success = coll["last_success_at"].isoformat(timespec="seconds") if coll["last_success_at"] else "never"
+            print(f"    {source:<12} {coll['outcome']:<7} {coll['records']:>4} records  last success {success}")
+    return 0
+
+
+def _leads_add(args: argparse.Namespace) -> int:
+    lead = normalize_lead(args.kind, args.value)
+    _store(Settings.from_env()).add_lead(lead, case_id=args.case)
+    print(lead.id)
+    return 0
+
+
+def _dlq_list(args: argparse.Namespace) -> int:
+    letters = _store(Settings.from_env()).dead_letters(source=args.source, reason_group=args.reason)
+    if args.json:
+        print(json.dumps([vars(letter) for letter in letters], default=str, indent=2))
+        return 0
+    if not letters:
+        print("no dead letters")
+    for letter in letters:
+        print(
+            f"{letter.source:<12} {letter.lead_id}  {letter.reason_group:<10} status {letter.last_status} "
+            f"attempts {letter.attempts}  last {letter.last_seen.isoformat(timespec='seconds')}  {letter.last_error}"
+        )
+    return 0
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    since = datetime.now(UTC) - timedelta(hours=args.hours)
+    rows = _store(Settings.from_env()).fleet_summary(since=since)
+    if args.json:
+        print(json.dumps(rows, default=str, indent=2))
+        return 0
+    print(f"{'source':<12} {'requests':>8} {'ok':>6} {'failed':>7}  last request")
+    for row in rows:
+        ok = row["outcomes"].get("ok", 0)
+        last = row["last_at"].isoformat(timespec="seconds") if row["last_at"] else "-"
+        print(f"{row['source']:<12} {row['requests']:>8} {ok:>6} {row['requests'] - ok:>7}  {last}")
+    return 0

@@ -1,0 +1,118 @@
+"""One collection: ask a source about a lead, store its records, and account for what happened.
+
+This is the engine call behind every source asset. It is idempotent: collecting the same
+(source, lead) again against the same answers stores the same file (see records.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NoReturn
+from datetime import datetime
+
+from investigations.adapters import ParseError, ParsedRecord, build_adapter
+from investigations.fetcher import Fetcher, FetchFailed
+from investigations.records import RecordStore
+from investigations.specs import SourceCatalog
+from investigations.store import StateStore, utcnow
+
+
+@dataclass(frozen=True)
+class CollectionResult:
+    source: str
+    lead_id: str
+    outcome: str  # "ok" (records found) or "empty" (the source answered, with nothing in it)
+    records: int
+    expected_min_records: int
+    path: str
+    content_hash: str
+    changed: bool
+    requests: int
+    sample_keys: list[str] = field(default_factory=list)
+
+
+class CollectionFailed(Exception):
+    """The collection gave up. It is in the dead letters; `retryable` says if a re-run may help."""
+
+    def __init__(self, *, source: str, lead_id: str, reason_group: str, last_status: int | None,
+                 attempts: int, last_error: str) -> None:
+        super().__init__(f"{source}/{lead_id}: {reason_group} after {attempts} attempt(s): {last_error}")
+        self.source = source
+        self.lead_id = lead_id
+        self.reason_group = reason_group
+        self.last_status = last_status
+        self.attempts = attempts
+        self.last_error = last_error
+
+    @property
+    def retryable(self) -> bool:
+        return self.reason_group not in ("permanent", "refused", "unknown_lead")
+
+
+class Collector:
+    """Runs collections with one fetcher; the caller owns (and closes) the fetcher and stores."""
+
+    def __init__(
+        self,
+        *,
+        catalog: SourceCatalog,
+        store: StateStore,
+        records: RecordStore,
+        fetcher: Fetcher,
+        now: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.catalog = catalog
+        self.store = store
+        self.records = records
+        self.fetcher = fetcher
+        self.now = now
+
+    def collect(self, source: str, lead_id: str, *, run_id: str | None = None) -> CollectionResult:
+        """Collect one (source, lead); raise CollectionFailed after recording a dead letter."""
+        spec = self.catalog.get(source)
+        lead = self.store.get_lead(lead_id)
+        if lead is None or not spec.accepts(lead.kind):
+            why = "is not in the state store" if lead is None else f"is a {lead.kind} lead, which {source} does not take"
+            self._fail(source, lead_id, run_id, reason_group="unknown_lead", last_status=None, attempts=0,
+                       last_error=f"lead {lead_id} {why}")
+        adapter = build_adapter(spec)
+        found: list[ParsedRecord] = []
+        requests = 0
+        for planned in adapter.requests_for(lead):
+            try:
+                response = self.fetcher.fetch(spec, planned, lead_id=lead_id, run_id=run_id)
+            except FetchFailed as failed:
+                self._fail(source, lead_id, run_id, reason_group=failed.reason_group,
+                           last_status=failed.last_status, attempts=requests + failed.attempts,
+                           last_error=failed.last_error)
+            requests += response.attempts
+            try:
+                found.extend(adapter.parse(response.body, url=response.url))
+            except ParseError as exc:
+                self._fail(source, lead_id, run_id, reason_group="permanent", last_status=response.status,
+                           attempts=requests, last_error=f"unparseable answer: {exc}")
+        written = self.records.write(source, lead_id, found, fetched_at=self.now())
+        outcome = "ok" if written.records else "empty"
+        self.store.record_collection(source=source, lead_id=lead_id, outcome=outcome, records=written.records,
+                                     content_hash=written.content_hash, path=str(written.path), run_id=run_id,
+                                     now=self.now())
+        return CollectionResult(
+            source=source,
+            lead_id=lead_id,
+            outcome=outcome,
+            records=written.records,
+            expected_min_records=spec.expected_min_records,
+            path=str(written.path),
+            content_hash=written.content_hash,
+            changed=written.changed,
+            requests=requests,
+            sample_keys=sorted(r.key for r in found)[:5],
+        )
+
+    def _fail(self, source: str, lead_id: str, run_id: str | None, **reason: object) -> NoReturn:
+        now = self.now()
+        self.store.put_dead_letter(source=source, lead_id=lead_id, now=now, **reason)  # type: ignore[arg-type]
+        self.store.record_collection(source=source, lead_id=lead_id, outcome="failed", records=0,
+                                     content_hash=None, path=None, run_id=run_id, now=now)
+        raise CollectionFailed(source=source, lead_id=lead_id, **reason)  # type: ignore[arg-type]

@@ -1,0 +1,69 @@
+"""Settings read from the environment, with the defaults `make run` and the tests rely on.
+
+Every knob an operator may turn lives here, named after its `INVESTIGATIONS_*` variable, so the
+README's configuration reference and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_DATA_DIR = ".investigations"
+DEFAULT_SOURCES_FILE = "sources.yaml"
+DEFAULT_INTAKE_PORT = 8700
+DEFAULT_SANDBOX_PORT = 8800
+DEFAULT_UI_PORT = 3000
+
+
+class ConfigError(ValueError):
+    """A setting is missing or impossible; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    database_url: str
+    sources_path: Path
+    identities_path: Path | None
+    webhook_secret: str | None
+    intake_port: int
+    sandbox_port: int
+    ui_port: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read `INVESTIGATIONS_*` variables, filling in the embedded defaults (SQLite, local dirs)."""
+        env = os.environ if env is None else env
+        data_dir = Path(env.get("INVESTIGATIONS_DATA_DIR") or DEFAULT_DATA_DIR).resolve()
+        database_url = env.get("INVESTIGATIONS_DATABASE_URL") or f"sqlite:///{data_dir / 'state.db'}"
+        identities = env.get("INVESTIGATIONS_IDENTITIES")
+        return cls(
+            data_dir=data_dir,
+            database_url=database_url,
+            sources_path=Path(env.get("INVESTIGATIONS_SOURCES") or DEFAULT_SOURCES_FILE).resolve(),
+            identities_path=Path(identities).resolve() if identities else None,
+            webhook_secret=env.get("INVESTIGATIONS_WEBHOOK_SECRET") or None,
+            intake_port=_port(env, "INVESTIGATIONS_INTAKE_PORT", DEFAULT_INTAKE_PORT),
+            sandbox_port=_port(env, "INVESTIGATIONS_SANDBOX_PORT", DEFAULT_SANDBOX_PORT),
+            ui_port=_port(env, "INVESTIGATIONS_UI_PORT", DEFAULT_UI_PORT),
+        )
+
+    @property
+    def records_dir(self) -> Path:
+        return self.data_dir / "records"
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a port number") from None
+    if not 0 < port < 65536:
+        raise ConfigError(f"{name}={port} is outside 1..65535")
+    return port

@@ -1,0 +1,270 @@
+"""The one door every request of the fleet goes through.
+
+`Fetcher.fetch` sends one planned request with retries: each attempt follows redirects by hand
+(every hop checked against the SSRF guard), is logged as exactly one `FetchEvent`, and is judged by
+the pure decisions in `classify`. Clock, sleep and randomness are injected so tests are exact.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, Self
+from urllib.parse import unquote_plus, urljoin, urlsplit, urlunsplit
+
+import httpx
+
+from investigations.classify import classify, next_step, parse_retry_after_s
+from investigations.events import FetchEvent, Outcome
+from investigations.netguard import private_reason
+from investigations.specs import SourceSpec
+
+if TYPE_CHECKING:  # adapters import redact_url from here; the dependency stays one-way at runtime
+    from investigations.adapters.base import PlannedRequest
+
+DEFAULT_USER_AGENT = "investigations-fleet/0.1 (collection fleet; contact via project README)"
+DEFAULT_MAX_BODY_BYTES = 10_000_000
+_SECRET_NAME_PARTS = ("key", "token", "secret", "password", "passwd", "sig", "auth")
+_URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class FetchLogSink(Protocol):
+    """Where the fetcher writes one event per attempt (the fetch log)."""
+
+    def record_fetch(self, event: FetchEvent) -> None: ...
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """A usable answer. `url` is the final url after redirects, unredacted: don't log it as is."""
+
+    status: int
+    body: bytes
+    url: str
+    attempts: int
+    latency_ms: float
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class FetchFailed(Exception):
+    """The request was given up: `reason_group` is throttled, transient, blocked, permanent or refused."""
+
+    def __init__(self, reason_group: str, last_status: int | None, attempts: int, last_error: str) -> None:
+        super().__init__(f"{reason_group} after {attempts} attempt(s): {last_error}")
+        self.reason_group = reason_group
+        self.last_status = last_status
+        self.attempts = attempts
+        self.last_error = last_error
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """What one attempt did, before the retry decision."""
+
+    url: str
+    status: int | None
+    outcome: Outcome
+    body: bytes
+    headers: dict[str, str]
+    latency_ms: float
+    error: str | None
+    refused: bool = False
+
+
+def redact_url(url: str) -> str:
+    """`url` safe to log or store: no user:password, and secret-looking query values as `***`."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparseable url)"
+    netloc = parts.netloc.rpartition("@")[2]
+    query = "&".join(_redact_param(piece) for piece in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _redact_param(piece: str) -> str:
+    name, eq, _ = piece.partition("=")
+    lowered = unquote_plus(name).lower()
+    if eq and any(part in lowered for part in _SECRET_NAME_PARTS):
+        return f"{name}=***"
+    return piece
+
+
+def _redact_text(text: str) -> str:
+    # Exception messages sometimes quote the url they failed on.
+    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group()), text)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Fetcher:
+    """Sends planned requests with retries, the SSRF guard and one logged event per attempt.
+
+    Owns one `httpx.Client`; close it with `close()` or use the fetcher as a context manager.
+    """
+
+    def __init__(
+        self,
+        *,
+        sink: FetchLogSink,
+        identity_id: str = "direct",
+        user_agent: str = DEFAULT_USER_AGENT,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = _utc_now,
+        transport: httpx.BaseTransport | None = None,
+        max_redirects: int = 5,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self._sink = sink
+        self.identity_id = identity_id
+        self._rng = rng or random.Random()
+        self._sleep = sleep
+        self._clock = clock
+        self._now = now
+        self._max_redirects = max_redirects
+        self._max_body_bytes = max_body_bytes
+        # Redirects are followed here, hop by hop, so each hop passes the target guard. trust_env is
+        # off so proxy variables and .netrc never change the identity or add credentials unseen.
+        self._client = httpx.Client(
+            transport=transport, follow_redirects=False, trust_env=False, headers={"User-Agent": user_agent}
+        )
+
+    def close(self) -> None:
+        """Close the HTTP client and its connections."""
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def fetch(
+        self, spec: SourceSpec, request: PlannedRequest, *, lead_id: str, run_id: str | None = None
+    ) -> FetchResult:
+        """Send `request` for `lead_id` under `spec`'s timeout and retry policy.
+
+        Returns the first OK answer; raises FetchFailed when the policy gives up or the target is
+        refused. Every attempt is recorded through the sink, whatever its outcome.
+        """
+        attempt = 0
+        while True:
+            attempt += 1
+            result = self._attempt(spec, request, attempt=attempt)
+            self._sink.record_fetch(
+                FetchEvent(
+                    source=spec.name,
+                    lead_id=lead_id,
+                    identity_id=self.identity_id,
+                    url=redact_url(result.url),
+                    method=request.method,
+                    status=result.status,
+                    outcome=result.outcome,
+                    latency_ms=result.latency_ms,
+                    bytes=len(result.body),
+                    attempt=attempt,
+                    at=self._now(),
+                    run_id=run_id,
+                    error=result.error,
+                )
+            )
+            if result.refused:
+                raise FetchFailed("refused", result.status, attempt, result.error or "refused")
+            retry_after_s = parse_retry_after_s(result.headers.get("retry-after"), now=self._now())
+            step = next_step(result.outcome, attempt=attempt, retry=spec.retry, retry_after_s=retry_after_s, rng=self._rng)
+            if step.action == "done":
+                assert result.status is not None  # OK always comes with a status
+                return FetchResult(result.status, result.body, result.url, attempt, result.latency_ms, result.headers)
+            if step.action == "give_up":
+                error = result.error or f"HTTP {result.status}"
+                raise FetchFailed(result.outcome.value, result.status, attempt, f"{error} ({step.reason})")
+            self._sleep(step.delay_s)
+
+    def _attempt(self, spec: SourceSpec, request: PlannedRequest, *, attempt: int) -> _Attempt:
+        """One attempt: the request and its redirects, each hop guarded. Never raises for HTTP trouble."""
+        trusted_host = (urlsplit(spec.request.url).hostname or "").lower()
+        origin = _origin(request.url)
+        method, url, headers = request.method, request.url, dict(request.headers)
+        started = self._clock()
+
+        def elapsed_ms() -> float:
+            return (self._clock() - started) * 1000.0
+
+        for hop in range(self._max_redirects + 1):
+            if reason := _refusal(url, trusted_host):
+                # No status: the refused url was never asked (an earlier hop's 3xx is not its answer).
+                error = f"refused {redact_url(url)}: {reason}"
+                return _Attempt(url, None, Outcome.PERMANENT, b"", {}, elapsed_ms(), error, refused=True)
+            if _origin(url) != origin:
+                # Source headers may carry an API key; they are for the configured origin only.
+                headers = {}
+            try:
+                status, response_headers, body, error = self._send(method, url, headers, timeout_s=spec.timeout_s)
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                error = _redact_text(f"{type(exc).__name__}: {exc}")
+                return _Attempt(url, None, classify(None, exc), b"", {}, elapsed_ms(), error)
+            location = response_headers.get("location")
+            if status in _REDIRECTS and location:
+                if hop == self._max_redirects:
+                    error = f"more than {self._max_redirects} redirects"
+                    return _Attempt(url, status, Outcome.PERMANENT, body, response_headers, elapsed_ms(), error)
+                url = urljoin(url, location)
+                if status == 303 or (status in (301, 302) and method == "POST"):
+                    method = "GET"  # what browsers do, and what servers sending these expect
+                continue
+            outcome = Outcome.PERMANENT if error else classify(status)
+            return _Attempt(url, status, outcome, body, response_headers, elapsed_ms(), error or _status_error(status, outcome))
+        raise AssertionError("unreachable: the loop returns on its last hop")
+
+    def _send(
+        self, method: str, url: str, headers: dict[str, str], *, timeout_s: float
+    ) -> tuple[int, dict[str, str], bytes, str | None]:
+        """Status, headers, body (at most max_body_bytes) and an error when the body was too large."""
+        with self._client.stream(method, url, headers=headers, timeout=httpx.Timeout(timeout_s)) as response:
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > self._max_body_bytes:
+                    # An endless or huge body must not exhaust memory; the answer is unusable anyway.
+                    return response.status_code, dict(response.headers), b"", f"body larger than {self._max_body_bytes} bytes"
+                chunks.append(chunk)
+            return response.status_code, dict(response.headers), b"".join(chunks), None
+
+
+def _refusal(url: str, trusted_host: str) -> str | None:
+    """Why `url` must not be fetched, or None. The configured template host is trusted config."""
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+    except ValueError:
+        return "has an invalid host"
+    if parts.scheme not in ("http", "https"):
+        return f"uses scheme {parts.scheme!r}, not http or https"
+    if host and host == trusted_host:
+        return None
+    return private_reason(host)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme, (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return "", "", None
+
+
+def _status_error(status: int, outcome: Outcome) -> str | None:
+    return None if outcome is Outcome.OK else f"HTTP {status}"

@@ -1,0 +1,256 @@
+"""Per-source behaviour of the sandbox web: rate limits, errors, stalls, delays and silent emptiness.
+
+Pure state, no I/O: the clock and the random draws are injected, so a test can step time and a
+seed fixes the whole sequence of outcomes for a given request order. The app sleeps and answers;
+this module only decides what the answer is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+SOURCES = ("robust", "fragile", "flaky", "quiet", "slow")
+
+
+@dataclass
+class SandboxConfig:
+    """Seed and per-source defaults of a sandbox; every setting can be changed later via /_control."""
+
+    seed: int = 7
+    fragile_rate_per_s: float = 2.0
+    fragile_burst: int = 2
+    flaky_error_rate: float = 0.2
+    flaky_stall_rate: float = 0.1
+    flaky_stall_s: float = 10.0
+    quiet_empty: bool = True
+    slow_delay_s: tuple[float, float] = (0.5, 1.5)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one source does. Every source has every knob; the defaults give each its character."""
+
+    empty: bool = False
+    rate_per_s: float | None = None  # None: no rate limit
+    burst: int = 1
+    error_rate: float = 0.0
+    stall_rate: float = 0.0
+    stall_s: float = 0.0
+    delay_s: tuple[float, float] = (0.0, 0.0)
+
+
+def _number(key: str, value: Any, lo: float = 0.0, hi: float = math.inf) -> float:
+    # bool is an int subclass; `true` is never a meaningful rate.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{key} must be a number, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{key} must be between {lo:g} and {hi:g}, got {value!r}")
+    return float(value)
+
+
+def _empty(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def _rate(key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    rate = _number(key, value)
+    if rate <= 0:
+        raise ValueError(f"{key} must be above 0 (or null for no limit), got {value!r}")
+    return rate
+
+
+def _burst(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} must be an integer of at least 1, got {value!r}")
+    return value
+
+
+def _delay(key: str, value: Any) -> tuple[float, float]:
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ValueError(f"{key} must be [lo, hi] in seconds, got {value!r}")
+    lo, hi = (_number(key, v) for v in value)
+    if lo > hi:
+        raise ValueError(f"{key} lo must not exceed hi, got {value!r}")
+    return lo, hi
+
+
+_VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
+    "empty": _empty,
+    "rate_per_s": _rate,
+    "burst": _burst,
+    "error_rate": lambda k, v: _number(k, v, 0.0, 1.0),
+    "stall_rate": lambda k, v: _number(k, v, 0.0, 1.0),
+    "stall_s": _number,
+    "delay_s": _delay,
+}
+assert set(_VALIDATORS) == {f.name for f in fields(Settings)}
+
+
+def updated_settings(settings: Settings, changes: Mapping[str, Any]) -> Settings:
+    """`settings` with `changes` applied, all or nothing; ValueError names the first bad key or value."""
+    if not isinstance(changes, Mapping):
+        raise ValueError("settings must be a JSON object")
+    unknown = sorted(set(changes) - set(_VALIDATORS))
+    if unknown:
+        raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(_VALIDATORS)}")
+    new = replace(settings, **{k: _VALIDATORS[k](k, v) for k, v in changes.items()})
+    # One draw decides error, stall or normal, so the two shares must fit in one.
+    if new.error_rate + new.stall_rate > 1.0:
+        total = new.error_rate + new.stall_rate
+        raise ValueError(f"error_rate + stall_rate must not exceed 1, got {total:g}")
+    return new
+
+
+class TokenBucket:
+    """Classic token bucket: `burst` tokens, refilled at `rate_per_s`; unlimited when the rate is None."""
+
+    def __init__(self, rate_per_s: float | None, burst: int, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.rate_per_s, self.burst = rate_per_s, burst
+        self.tokens = float(burst)
+        self._refilled_at_s = clock()
+
+    def _refill(self) -> None:
+        now_s = self._clock()
+        if self.rate_per_s is None:
+            self.tokens = float(self.burst)
+        else:
+            earned = (now_s - self._refilled_at_s) * self.rate_per_s
+            self.tokens = min(float(self.burst), self.tokens + earned)
+        self._refilled_at_s = now_s
+
+    def reconfigure(self, rate_per_s: float | None, burst: int) -> None:
+        """Change rate and burst; tokens earned so far count at the old rate."""
+        self._refill()
+        self.rate_per_s, self.burst = rate_per_s, burst
+        self.tokens = min(self.tokens, float(burst))
+
+    def take(self) -> float:
+        """Take one token: 0.0 when granted, else the seconds until one will be available."""
+        self._refill()
+        if self.rate_per_s is None:
+            return 0.0
+        # A hair of tolerance so float dust does not turn an exactly-due token into a refusal.
+        if self.tokens >= 1.0 - 1e-9:
+            self.tokens = max(0.0, self.tokens - 1.0)
+            return 0.0
+        return (1.0 - self.tokens) / self.rate_per_s
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How to answer one request: the status, how long to wait first, and whether to answer empty."""
+
+    status: int = 200
+    wait_s: float = 0.0
+    retry_after_s: int = 0
+    empty: bool = False
+
+
+class SourceBehaviour:
+    """One source's settings, seeded draws, token bucket and exact counters."""
+
+    def __init__(self, name: str, settings: Settings, seed: int, clock: Callable[[], float]) -> None:
+        self.name, self.settings, self._seed, self._clock = name, settings, seed, clock
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to a fresh start (counters, draw sequence, full bucket), keeping the settings."""
+        digest = hashlib.sha256(f"{self._seed}\x00{self.name}".encode()).digest()
+        self.rng = random.Random(int.from_bytes(digest[:8], "big"))
+        self.bucket = TokenBucket(self.settings.rate_per_s, self.settings.burst, self._clock)
+        self.requests = 0
+        self.stalls = 0
+        self.status_counts: Counter[int] = Counter()
+
+    def configure(self, changes: Mapping[str, Any]) -> None:
+        """Apply a subset of settings at runtime (ValueError, and nothing changed, when one is bad)."""
+        self.settings = updated_settings(self.settings, changes)
+        self.bucket.reconfigure(self.settings.rate_per_s, self.settings.burst)
+
+    def decide(self) -> Decision:
+        """Draw the outcome of the next admitted request (call once per valid request, in order)."""
+        s = self.settings
+        wait_s = self.bucket.take()
+        if wait_s > 0:
+            # Refused requests draw nothing, so the seeded sequence follows admitted requests only.
+            return Decision(status=429, retry_after_s=max(1, math.ceil(wait_s - 1e-9)))
+        # Both numbers are always drawn, so changing a rate never shifts the rest of the sequence.
+        u = self.rng.random()
+        delay_s = self.rng.uniform(*s.delay_s)
+        if u < s.error_rate:
+            return Decision(status=500 if u < s.error_rate / 2 else 503, wait_s=delay_s)
+        if u < s.error_rate + s.stall_rate:
+            self.stalls += 1
+            return Decision(wait_s=delay_s + s.stall_s, empty=s.empty)
+        return Decision(wait_s=delay_s, empty=s.empty)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters and settings as JSON-ready data."""
+        return {
+            "requests": self.requests,
+            "status_counts": {str(k): v for k, v in sorted(self.status_counts.items())},
+            "stalls": self.stalls,
+            **{f.name: getattr(self.settings, f.name) for f in fields(Settings)},
+            "delay_s": list(self.settings.delay_s),
+        }
+
+
+def default_settings(config: SandboxConfig) -> dict[str, Settings]:
+    """Each source's starting settings from the config (validated, so a bad config fails here)."""
+    base = Settings()
+    return {
+        "robust": base,
+        "fragile": updated_settings(
+            base, {"rate_per_s": config.fragile_rate_per_s, "burst": config.fragile_burst}
+        ),
+        "flaky": updated_settings(
+            base,
+            {
+                "error_rate": config.flaky_error_rate,
+                "stall_rate": config.flaky_stall_rate,
+                "stall_s": config.flaky_stall_s,
+            },
+        ),
+        "quiet": updated_settings(base, {"empty": config.quiet_empty}),
+        "slow": updated_settings(base, {"delay_s": config.slow_delay_s}),
+    }
+
+
+class SandboxState:
+    """All sources of one sandbox app; `sources[name]` is what tests flip directly."""
+
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+        self.sources = {
+            name: SourceBehaviour(name, settings, config.seed, config.clock)
+            for name, settings in default_settings(config).items()
+        }
+
+    def __getitem__(self, source: str) -> SourceBehaviour:
+        return self.sources[source]
+
+    def configure(self, source: str, changes: Mapping[str, Any]) -> None:
+        """Change one source's settings; KeyError for an unknown source, ValueError for a bad setting."""
+        self.sources[source].configure(changes)
+
+    def reset(self) -> None:
+        """Reset every source's counters, draws and bucket, keeping settings."""
+        for behaviour in self.sources.values():
+            behaviour.reset()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every source's counters and settings, as served by GET /_control."""
+        return {"seed": self.config.seed, "sources": {n: b.snapshot() for n, b in self.sources.items()}}

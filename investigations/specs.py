@@ -1,0 +1,300 @@
+"""Source specs: `sources.yaml` validated into typed, frozen models before anything is built on it.
+
+A source is data. An unknown key, a missing field or an impossible value fails at load with the
+file, the source and the key named, so a typo never turns into a silently different fleet.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from investigations.leads import LEAD_KINDS
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_DURATION_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_URL_FIELDS = frozenset({"kind", "value", "lead_id"})
+
+Positive = Annotated[float, Field(gt=0)]
+
+
+class SpecError(ValueError):
+    """The sources file is broken; the message names the file, the source and the key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RateSpec(_Model):
+    """Request rates, shared by every run and process (enforced by the rate lanes)."""
+
+    source_per_s: Positive = 1.0
+    source_burst: int = Field(default=1, ge=1)
+    identity_per_s: Positive = 1.0
+    identity_burst: int = Field(default=1, ge=1)
+
+
+class RetrySpec(_Model):
+    """How often one request is tried and how long to wait between tries (full jitter)."""
+
+    attempts: int = Field(default=3, ge=1, le=20)
+    base_delay_s: Positive = 1.0
+    max_delay_s: Positive = 60.0
+    # Dagster's RetryPolicy: re-runs of a crashed step (a killed worker, an exception outside the
+    # fetcher); request-level failures are the fetcher's business, not this.
+    step_retries: int = Field(default=1, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _max_not_below_base(self) -> RetrySpec:
+        if self.max_delay_s < self.base_delay_s:
+            raise ValueError(f"max_delay_s ({self.max_delay_s}) is below base_delay_s ({self.base_delay_s})")
+        return self
+
+
+class RequestSpec(_Model):
+    """The request made for a lead. `url` may use {kind}, {value} (url-quoted) and {lead_id}."""
+
+    url: str
+    method: Literal["GET", "POST"] = "GET"
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _url_template(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"url {url!r} must start with http:// or https://")
+        unknown = set(re.findall(r"\{([^}]*)\}", url)) - _URL_FIELDS
+        if unknown:
+            raise ValueError(f"url uses unknown placeholders {sorted(unknown)}; known: {sorted(_URL_FIELDS)}")
+        return url
+
+
+class JsonApiParse(_Model):
+    """Records from a JSON response: a dotted path to the list, and fields picked from each item."""
+
+    records_path: str = ""
+    record_key: str | None = None
+    # output field -> dotted path inside one item; empty means keep the whole item
+    fields: dict[str, str] = Field(default_factory=dict)
+
+
+class HtmlParse(_Model):
+    """Records from an HTML page: one CSS selector per record, then `css` or `css@attr` per field."""
+
+    records_selector: str = Field(min_length=1)
+    record_key: str | None = None
+    fields: dict[str, str] = Field(min_length=1)
+
+
+PARSE_MODELS: dict[str, type[_Model]] = {"json_api": JsonApiParse, "html": HtmlParse}
+
+
+class SourceSpec(_Model):
+    """One source of the fleet: where and how to ask, how fast, how hard to retry, what to expect."""
+
+    name: str
+    description: str = ""
+    adapter: str
+    lead_kinds: tuple[str, ...] = Field(min_length=1)
+    request: RequestSpec
+    parse: JsonApiParse | HtmlParse
+    rate: RateSpec = RateSpec()
+    concurrency: int = Field(default=1, ge=1, le=64)
+    retry: RetrySpec = RetrySpec()
+    timeout_s: Positive = 10.0
+    recrawl_every_s: Positive = 86400.0
+    identity_tier: str = "datacenter"
+    daily_budget_usd: float = Field(default=0.0, ge=0)
+    expected_min_records: int = Field(default=0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse_by_adapter(cls, data: Any) -> Any:
+        # The adapter decides which parse model applies, so its errors name the right keys.
+        if isinstance(data, dict) and "adapter" in data:
+            model = PARSE_MODELS.get(data["adapter"])
+            if model is None:
+                raise ValueError(f"unknown adapter {data['adapter']!r} (known: {', '.join(PARSE_MODELS)})")
+            data = dict(data)
+            data["parse"] = model.model_validate(data.get("parse") or {})
+            if "recrawl_every" in data:
+                data["recrawl_every_s"] = parse_duration_s(data.pop("recrawl_every"))
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError(f"{name!r} must be lower-case letters, digits and '_', starting with a letter")
+        return name
+
+    @field_validator("lead_kinds")
+    @classmethod
+    def _kinds(cls, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [k for k in kinds if k not in LEAD_KINDS]
+        if unknown:
+            raise ValueError(f"unknown lead kinds {unknown} (known: {', '.join(LEAD_KINDS)})")
+        return kinds
+
+    def accepts(self, kind: str) -> bool:
+        return kind in self.lead_kinds
+
+
+class SourceCatalog(_Model):
+    """All sources of the fleet, in file order, looked up by name."""
+
+    sources: tuple[SourceSpec, ...]
+
+    @model_validator(mode="after")
+    def _unique(self) -> SourceCatalog:
+        seen: set[str] = set()
+        for spec in self.sources:
+            if spec.name in seen:
+                raise ValueError(f"source {spec.name!r} is declared twice")
+            seen.add(spec.name)
+        return self
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.sources]
+
+    def get(self, name: str) -> SourceSpec:
+        for spec in self.sources:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"unknown source {name!r} (known: {', '.join(self.names)})")
+
+    def for_kind(self, kind: str) -> list[SourceSpec]:
+        return [s for s in self.sources if s.accepts(kind)]
+
+
+def parse_duration_s(value: Any) -> float:
+    """`90`, `"90s"`, `"15m"`, `"6h"`, `"1d"` -> seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"recrawl_every {value!r} is not a duration like 90, '15m', '6h' or '1d'")
+    return float(match.group(1)) * _DURATION_UNIT_S[match.group(2)]
+
+
+def load_sources(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> SourceCatalog:
+    """Read and validate a sources file; raise SpecError naming the file, source and key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read sources file ({exc.strerror})") from None
+    return parse_sources(text, origin=str(path), env=env)
+
+
+def parse_sources(text: str, *, origin: str = "sources.yaml", env: Mapping[str, str] | None = None) -> SourceCatalog:
+    env = os.environ if env is None else env
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{origin}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict) or set(raw) - {"sources", "defaults"} or not isinstance(raw.get("sources"), list):
+        raise SpecError(f"{origin}: expected a mapping with a `sources:` list (and optional `defaults:`)")
+    defaults = raw.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SpecError(f"{origin}: `defaults:` must be a mapping")
+    entries = []
+    for index, entry in enumerate(raw["sources"]):
+        label = entry.get("name", f"#{index + 1}") if isinstance(entry, dict) else f"#{index + 1}"
+        if not isinstance(entry, dict):
+            raise SpecError(f"{origin}: source {label}: expected a mapping of settings")
+        try:
+            entries.append(_expand_env(_merge(defaults, entry), env, path=()))
+        except _EnvMissing as exc:
+            raise SpecError(f"{origin}: source {label!r}: key {exc.key!r}: {exc}") from None
+    try:
+        return SourceCatalog.model_validate({"sources": entries})
+    except ValidationError as exc:
+        raise SpecError(_describe(origin, exc, entries)) from None
+
+
+def _describe(origin: str, exc: ValidationError, entries: list[dict[str, Any]]) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = list(err["loc"])
+        where = origin
+        if len(loc) >= 2 and loc[0] == "sources" and isinstance(loc[1], int):
+            entry = entries[loc[1]] if loc[1] < len(entries) else {}
+            where += f": source {entry.get('name', f'#{loc[1] + 1}')!r}"
+            loc = loc[2:]
+        # Pydantic adds the union member's class name into the location; the user never wrote it.
+        keys = [str(p) for p in loc if not (isinstance(p, str) and p[:1].isupper())]
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"{where}: key {'.'.join(keys) or '(entry)'!r}: {message}")
+    return "\n".join(dict.fromkeys(lines))
+
+
+def _merge(defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(defaults)
+    for key, value in entry.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+class _EnvMissing(KeyError):
+    def __init__(self, key: str, var: str) -> None:
+        super().__init__(var)
+        self.key = key
+        self.var = var
+
+    def __str__(self) -> str:
+        return f"environment variable {self.var} is not set and has no default"
+
+
+def _expand_env(value: Any, env: Mapping[str, str], path: tuple[str, ...]) -> Any:
+    """Expand `${VAR}` and `${VAR:-default}` in strings; secrets never need to live in the file."""
+    if isinstance(value, dict):
+        return {k: _expand_env(v, env, (*path, str(k))) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, env, path) for v in value]
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            var, default = match.group(1), match.group(2)
+            if var in env and env[var] != "":
+                return env[var]
+            if default is None:
+                raise _EnvMissing(".".join(path), var)
+            return default
+
+        return _ENV_REF.sub(sub, value)
+    return value
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)

@@ -1,0 +1,154 @@
+"""Tables of the state store, on SQLAlchemy Core so one schema serves SQLite and Postgres.
+
+The schema is versioned by the project (table `schema_version`); `migrations.py` brings a database
+from any earlier version to `SCHEMA_VERSION`. Timestamps are stored as UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Dialect,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.types import TypeDecorator
+
+SCHEMA_VERSION = 1
+
+# SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, whatever the backend keeps."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the state store; pass an aware UTC datetime")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+metadata = MetaData()
+
+schema_version = Table(
+    "schema_version",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("applied_at", UTCDateTime, nullable=False),
+)
+
+cases = Table(
+    "cases",
+    metadata,
+    Column("case_id", String(200), primary_key=True),
+    Column("status", String(16), nullable=False),  # active | closed
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+leads = Table(
+    "leads",
+    metadata,
+    Column("lead_id", String(64), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("value", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
+case_leads = Table(
+    "case_leads",
+    metadata,
+    Column("case_id", String(200), nullable=False),
+    Column("lead_id", String(64), nullable=False),
+    Column("added_at", UTCDateTime, nullable=False),
+    PrimaryKeyConstraint("case_id", "lead_id"),
+    Index("ix_case_leads_lead", "lead_id"),
+)
+
+# One row per (webhook, lead): the intake's idempotency key and the new-lead sensor's feed. Rows are
+# ordered by id, and ids are handed out in commit order (see StateStore.accept_leads).
+inbox = Table(
+    "inbox",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("webhook_id", String(200), nullable=False),
+    Column("case_id", String(200), nullable=False),
+    Column("lead_id", String(64), nullable=False),
+    Column("sources", Text, nullable=True),  # JSON list, NULL = every source that takes the lead's kind
+    Column("priority_class", String(16), nullable=False),
+    Column("received_at", UTCDateTime, nullable=False),
+    UniqueConstraint("webhook_id", "lead_id", name="uq_inbox_webhook_lead"),
+)
+
+fetch_log = Table(
+    "fetch_log",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("source", String(64), nullable=False),
+    Column("lead_id", String(64), nullable=False),
+    Column("identity_id", String(64), nullable=False),
+    Column("run_id", String(64), nullable=True),
+    Column("method", String(8), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("status", Integer, nullable=True),
+    Column("outcome", String(16), nullable=False),
+    Column("latency_ms", Float, nullable=False),
+    Column("bytes", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("error", Text, nullable=True),
+    Column("at", UTCDateTime, nullable=False),
+    Index("ix_fetch_log_source_at", "source", "at"),
+    Index("ix_fetch_log_lead", "lead_id"),
+)
+
+# Latest state of each collection (source, lead): what the last attempt stored and when it last worked.
+collections = Table(
+    "collections",
+    metadata,
+    Column("source", String(64), nullable=False),
+    Column("lead_id", String(64), nullable=False),
+    Column("outcome", String(16), nullable=False),  # ok | empty | failed
+    Column("records", Integer, nullable=False),
+    Column("content_hash", String(64), nullable=True),
+    Column("path", Text, nullable=True),
+    Column("run_id", String(64), nullable=True),
+    Column("last_attempt_at", UTCDateTime, nullable=False),
+    Column("last_success_at", UTCDateTime, nullable=True),
+    PrimaryKeyConstraint("source", "lead_id"),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("source", String(64), nullable=False),
+    Column("lead_id", String(64), nullable=False),
+    Column("reason_group", String(32), nullable=False),
+    Column("last_status", Integer, nullable=True),
+    Column("attempts", Integer, nullable=False),
+    Column("last_error", Text, nullable=True),
+    Column("first_seen", UTCDateTime, nullable=False),
+    Column("last_seen", UTCDateTime, nullable=False),
+    PrimaryKeyConstraint("source", "lead_id"),
+    Index("ix_dead_letters_reason", "reason_group"),
+)

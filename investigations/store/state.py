@@ -1,0 +1,380 @@
+"""The state store: the lead inbox, cases, the fetch log, collections and dead letters.
+
+Everything that several runs and processes must agree on lives here, in one database (SQLite by
+default, Postgres for a fleet), so the engine stays stateless between calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, and_, delete, func, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+
+from investigations.events import FetchEvent
+from investigations.leads import Lead
+from investigations.store import schema as s
+from investigations.store.engine import make_engine
+from investigations.store.migrations import migrate
+
+_INBOX_LOCK_KEY = 0x1B0C5  # serializes intake commits on Postgres so inbox ids follow commit order
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class AcceptResult:
+    """What one webhook delivery added: new lead ids and the ones this webhook had already delivered."""
+
+    accepted: list[str]
+    duplicates: list[str]
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    id: int
+    webhook_id: str
+    case_id: str
+    lead: Lead
+    sources: list[str] | None
+    priority_class: str
+    received_at: datetime
+
+
+@dataclass(frozen=True)
+class Collection:
+    source: str
+    lead_id: str
+    outcome: str
+    records: int
+    content_hash: str | None
+    path: str | None
+    run_id: str | None
+    last_attempt_at: datetime
+    last_success_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    source: str
+    lead_id: str
+    reason_group: str
+    last_status: int | None
+    attempts: int
+    last_error: str | None
+    first_seen: datetime
+    last_seen: datetime
+
+
+class StateStore:
+    """Shared state of the fleet. Safe to use from many threads and processes at once."""
+
+    def __init__(self, engine: Engine, *, schema: str | None = None) -> None:
+        self.engine = engine
+        self.schema = schema
+        self.schema_version = migrate(engine, schema=schema)
+
+    @classmethod
+    def from_url(cls, url: str, *, schema: str | None = None) -> StateStore:
+        return cls(make_engine(url, schema=schema), schema=schema)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- leads, cases and the inbox -------------------------------------------------------------
+
+    def accept_leads(
+        self,
+        *,
+        webhook_id: str,
+        case_id: str,
+        leads: Sequence[Lead],
+        sources: Sequence[str] | None,
+        priority_class: str,
+        now: datetime | None = None,
+    ) -> AcceptResult:
+        """Store one webhook delivery in a single transaction, idempotently by (webhook id, lead).
+
+        A redelivered webhook adds nothing; the same lead in a new webhook (another case, say) is a
+        new inbox row, so the case link is recorded and the lead collected for it.
+        """
+        now = now or utcnow()
+        unique = list({lead.id: lead for lead in leads}.values())
+        sources_json = json.dumps(sorted(set(sources))) if sources else None
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _INBOX_LOCK_KEY})
+            _upsert(conn, s.cases, [{"case_id": case_id, "status": "active", "created_at": now, "updated_at": now}],
+                    keys=["case_id"], update=[])
+            _upsert(conn, s.leads,
+                    [{"lead_id": lead.id, "kind": lead.kind, "value": lead.value, "created_at": now} for lead in unique],
+                    keys=["lead_id"], update=[])
+            _upsert(conn, s.case_leads,
+                    [{"case_id": case_id, "lead_id": lead.id, "added_at": now} for lead in unique],
+                    keys=["case_id", "lead_id"], update=[])
+            delivered = set(
+                conn.scalars(
+                    select(s.inbox.c.lead_id).where(
+                        s.inbox.c.webhook_id == webhook_id, s.inbox.c.lead_id.in_([lead.id for lead in unique])
+                    )
+                )
+            )
+            fresh = [lead for lead in unique if lead.id not in delivered]
+            if fresh:
+                conn.execute(
+                    s.inbox.insert(),
+                    [
+                        {
+                            "webhook_id": webhook_id,
+                            "case_id": case_id,
+                            "lead_id": lead.id,
+                            "sources": sources_json,
+                            "priority_class": priority_class,
+                            "received_at": now,
+                        }
+                        for lead in fresh
+                    ],
+                )
+        return AcceptResult(accepted=[lead.id for lead in fresh], duplicates=sorted(delivered))
+
+    def inbox_after(self, cursor: int, *, limit: int) -> list[InboxItem]:
+        """Inbox rows with id above `cursor`, oldest first, at most `limit`."""
+        query = (
+            select(s.inbox, s.leads.c.kind, s.leads.c.value)
+            .join(s.leads, s.leads.c.lead_id == s.inbox.c.lead_id)
+            .where(s.inbox.c.id > cursor)
+            .order_by(s.inbox.c.id)
+            .limit(limit)
+        )
+        with self.engine.begin() as conn:
+            rows = conn.execute(query).mappings().all()
+        return [
+            InboxItem(
+                id=row["id"],
+                webhook_id=row["webhook_id"],
+                case_id=row["case_id"],
+                lead=Lead(row["kind"], row["value"]),
+                sources=json.loads(row["sources"]) if row["sources"] else None,
+                priority_class=row["priority_class"],
+                received_at=row["received_at"],
+            )
+            for row in rows
+        ]
+
+    def get_lead(self, lead_id: str) -> Lead | None:
+        with self.engine.begin() as conn:
+            row = conn.execute(select(s.leads.c.kind, s.leads.c.value).where(s.leads.c.lead_id == lead_id)).first()
+        return Lead(row.kind, row.value) if row else None
+
+    def add_lead(self, lead: Lead, *, case_id: str | None = None, now: datetime | None = None) -> None:
+        """Register a lead directly (CLI, tests), optionally in a case, without queueing a collection."""
+        now = now or utcnow()
+        with self.engine.begin() as conn:
+            _upsert(conn, s.leads, [{"lead_id": lead.id, "kind": lead.kind, "value": lead.value, "created_at": now}],
+                    keys=["lead_id"], update=[])
+            if case_id:
+                _upsert(conn, s.cases, [{"case_id": case_id, "status": "active", "created_at": now, "updated_at": now}],
+                        keys=["case_id"], update=[])
+                _upsert(conn, s.case_leads, [{"case_id": case_id, "lead_id": lead.id, "added_at": now}],
+                        keys=["case_id", "lead_id"], update=[])
+
+    def leads_overview(self) -> list[dict[str, Any]]:
+        """Every lead with its cases and, per source, the last collection outcome and success time."""
+        with self.engine.begin() as conn:
+            lead_rows = conn.execute(select(s.leads).order_by(s.leads.c.created_at, s.leads.c.lead_id)).mappings().all()
+            links = conn.execute(select(s.case_leads.c.lead_id, s.case_leads.c.case_id)).all()
+            colls = conn.execute(select(s.collections)).mappings().all()
+        cases_of: dict[str, list[str]] = {}
+        for lead_id, case_id in links:
+            cases_of.setdefault(lead_id, []).append(case_id)
+        colls_of: dict[str, dict[str, dict[str, Any]]] = {}
+        for row in colls:
+            colls_of.setdefault(row["lead_id"], {})[row["source"]] = dict(row)
+        return [
+            {
+                "lead_id": row["lead_id"],
+                "kind": row["kind"],
+                "value": row["value"],
+                "cases": sorted(cases_of.get(row["lead_id"], [])),
+                "collections": colls_of.get(row["lead_id"], {}),
+            }
+            for row in lead_rows
+        ]
+
+    # -- fetch log --------------------------------------------------------------------------------
+
+    def record_fetch(self, event: FetchEvent) -> None:
+        """Append one request to the fetch log (the fetcher's sink)."""
+        self.record_fetches([event])
+
+    def record_fetches(self, events: Iterable[FetchEvent]) -> None:
+        rows = [
+            {
+                "source": e.source,
+                "lead_id": e.lead_id,
+                "identity_id": e.identity_id,
+                "run_id": e.run_id,
+                "method": e.method,
+                "url": e.url,
+                "status": e.status,
+                "outcome": str(e.outcome),
+                "latency_ms": e.latency_ms,
+                "bytes": e.bytes,
+                "attempt": e.attempt,
+                "error": e.error,
+                "at": e.at,
+            }
+            for e in events
+        ]
+        if rows:
+            with self.engine.begin() as conn:
+                conn.execute(s.fetch_log.insert(), rows)
+
+    def fetch_log(self, *, source: str | None = None, lead_id: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        query = select(s.fetch_log).order_by(s.fetch_log.c.id).limit(limit)
+        if source:
+            query = query.where(s.fetch_log.c.source == source)
+        if lead_id:
+            query = query.where(s.fetch_log.c.lead_id == lead_id)
+        with self.engine.begin() as conn:
+            return [dict(row) for row in conn.execute(query).mappings()]
+
+    def fleet_summary(self, *, since: datetime) -> list[dict[str, Any]]:
+        """Per source since `since`: requests, outcome counts, mean latency, bytes, last request time."""
+        fl = s.fetch_log
+        query = (
+            select(
+                fl.c.source,
+                fl.c.outcome,
+                func.count().label("requests"),
+                func.avg(fl.c.latency_ms).label("latency_ms"),
+                func.sum(fl.c.bytes).label("bytes"),
+                func.max(fl.c.at).label("last_at"),
+            )
+            .where(fl.c.at >= since)
+            .group_by(fl.c.source, fl.c.outcome)
+        )
+        summary: dict[str, dict[str, Any]] = {}
+        with self.engine.begin() as conn:
+            for row in conn.execute(query).mappings():
+                entry = summary.setdefault(
+                    row["source"], {"source": row["source"], "requests": 0, "outcomes": {}, "bytes": 0, "last_at": None}
+                )
+                entry["requests"] += row["requests"]
+                entry["outcomes"][row["outcome"]] = row["requests"]
+                entry["bytes"] += int(row["bytes"] or 0)
+                entry["last_at"] = max(filter(None, [entry["last_at"], row["last_at"]]), default=None)
+        return [summary[name] for name in sorted(summary)]
+
+    # -- collections and dead letters -------------------------------------------------------------
+
+    def record_collection(
+        self,
+        *,
+        source: str,
+        lead_id: str,
+        outcome: str,
+        records: int,
+        content_hash: str | None,
+        path: str | None,
+        run_id: str | None,
+        now: datetime | None = None,
+    ) -> None:
+        """Note the latest attempt at a collection; a success also clears its dead letter."""
+        now = now or utcnow()
+        succeeded = outcome != "failed"
+        row = {
+            "source": source,
+            "lead_id": lead_id,
+            "outcome": outcome,
+            "records": records,
+            "content_hash": content_hash,
+            "path": path,
+            "run_id": run_id,
+            "last_attempt_at": now,
+            "last_success_at": now if succeeded else None,
+        }
+        update = ["outcome", "run_id", "last_attempt_at"]
+        if succeeded:
+            update += ["records", "content_hash", "path", "last_success_at"]
+        with self.engine.begin() as conn:
+            _upsert(conn, s.collections, [row], keys=["source", "lead_id"], update=update)
+            if succeeded:
+                conn.execute(
+                    delete(s.dead_letters).where(
+                        and_(s.dead_letters.c.source == source, s.dead_letters.c.lead_id == lead_id)
+                    )
+                )
+
+    def collection(self, source: str, lead_id: str) -> Collection | None:
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                select(s.collections).where(s.collections.c.source == source, s.collections.c.lead_id == lead_id)
+            ).mappings().first()
+        return Collection(**row) if row else None
+
+    def put_dead_letter(
+        self,
+        *,
+        source: str,
+        lead_id: str,
+        reason_group: str,
+        last_status: int | None,
+        attempts: int,
+        last_error: str | None,
+        now: datetime | None = None,
+    ) -> None:
+        """One row per (source, lead): a repeat failure updates it and adds to its attempts."""
+        now = now or utcnow()
+        row = {
+            "source": source,
+            "lead_id": lead_id,
+            "reason_group": reason_group,
+            "last_status": last_status,
+            "attempts": attempts,
+            "last_error": last_error,
+            "first_seen": now,
+            "last_seen": now,
+        }
+        with self.engine.begin() as conn:
+            existing = conn.execute(
+                select(s.dead_letters.c.attempts).where(
+                    s.dead_letters.c.source == source, s.dead_letters.c.lead_id == lead_id
+                )
+            ).scalar()
+            if existing is not None:
+                row["attempts"] = existing + attempts
+            _upsert(conn, s.dead_letters, [row], keys=["source", "lead_id"],
+                    update=["reason_group", "last_status", "attempts", "last_error", "last_seen"])
+
+    def dead_letters(self, *, source: str | None = None, reason_group: str | None = None) -> list[DeadLetter]:
+        query = select(s.dead_letters).order_by(s.dead_letters.c.last_seen.desc(), s.dead_letters.c.source)
+        if source:
+            query = query.where(s.dead_letters.c.source == source)
+        if reason_group:
+            query = query.where(s.dead_letters.c.reason_group == reason_group)
+        with self.engine.begin() as conn:
+            return [DeadLetter(**row) for row in conn.execute(query).mappings()]
+
+
+def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]], *, keys: list[str], update: list[str]) -> None:
+    """Insert rows; on a key conflict update `update` columns, or leave the row alone when empty."""
+    if not rows:
+        return
+    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    stmt = dialect_insert(table)
+    if update:
+        stmt = stmt.on_conflict_do_update(index_elements=keys, set_={c: stmt.excluded[c] for c in update})
+    else:
+        stmt = stmt.on_conflict_do_nothing(index_elements=keys)
+    conn.execute(stmt, rows)

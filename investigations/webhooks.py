@@ -1,0 +1,150 @@
+"""Standard Webhooks signatures for the lead intake: one verifier, one signer, one exception.
+
+A thin wrapper around the `standardwebhooks` package. The package raises whatever its parsing hits
+(`ValueError` on a signature without a comma, `binascii.Error` on bad base64, `UnicodeDecodeError`
+on a non-UTF-8 body); this module turns every one of them into `WebhookAuthError`, so a malformed
+header is a 401 at the intake and never a 500.
+
+Secrets come in two forms, and both sides (sender and intake) read them the same way:
+- `whsec_<base64>`: the Standard Webhooks form; the key is the base64-decoded bytes.
+- anything else: a raw secret string; the key is its UTF-8 bytes, exactly as if it had been
+  base64-encoded and given as `whsec_<base64(secret)>`. This lets an operator set
+  `INVESTIGATIONS_WEBHOOK_SECRET` to a plain passphrase.
+No message or repr of this module ever contains the secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from math import floor
+from typing import Final
+
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
+
+SECRET_PREFIX: Final = "whsec_"
+HEADER_ID: Final = "webhook-id"
+HEADER_TIMESTAMP: Final = "webhook-timestamp"
+HEADER_SIGNATURE: Final = "webhook-signature"
+SIGNATURE_HEADERS: Final = (HEADER_ID, HEADER_TIMESTAMP, HEADER_SIGNATURE)
+
+# The package's own messages, reworded as reasons the sender can act on. Fixed strings on purpose:
+# a reason never echoes a header value back (nothing attacker-controlled is reflected).
+_REASONS: Final = {
+    "Missing required headers": "missing webhook headers",
+    "Invalid Signature Headers": "malformed webhook-timestamp header",
+    "Message timestamp too old": "timestamp too old",
+    "Message timestamp too new": "timestamp too new",
+    "No matching signature found": "no matching signature",
+}
+
+
+class WebhookAuthError(Exception):
+    """A delivery whose signature cannot be trusted; `reason` says why without revealing the secret."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key for `secret` (see the module docstring for the two accepted forms).
+
+    Raises ValueError, naming the problem but never the secret, when it is empty or a `whsec_`
+    secret whose remainder is not base64.
+    """
+    if not isinstance(secret, str) or not secret:
+        raise ValueError("webhook secret must be a non-empty string")
+    if not secret.startswith(SECRET_PREFIX):
+        return secret.encode("utf-8")
+    encoded = secret.removeprefix(SECRET_PREFIX)
+    try:
+        # Strict decoding: the package itself silently skips non-alphabet characters, which would
+        # turn a typo in the secret into a different key instead of an error at startup.
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("webhook secret starts with 'whsec_' but the rest is not valid base64") from None
+    if not key:
+        raise ValueError("webhook secret 'whsec_...' decodes to an empty key")
+    return key
+
+
+class WebhookVerifier:
+    """Checks Standard Webhooks signatures with one secret; safe to share between threads."""
+
+    __slots__ = ("_webhook",)
+
+    def __init__(self, secret: str) -> None:
+        self._webhook = Webhook(secret_key(secret))
+
+    def __repr__(self) -> str:
+        return "WebhookVerifier(secret=<redacted>)"
+
+    def verify(self, body: bytes, headers: Mapping[str, str]) -> None:
+        """Verify the signature over the raw `body`; raise WebhookAuthError with the reason if not valid.
+
+        Header names are matched case-insensitively. The timestamp must be within the package's
+        tolerance (five minutes either way), which bounds how long a captured delivery can be replayed.
+        Only WebhookAuthError ever leaves this method.
+        """
+        picked = _signature_headers(headers)
+        missing = [name for name in SIGNATURE_HEADERS if not picked.get(name)]
+        if missing:
+            raise WebhookAuthError(f"missing header {', '.join(missing)}")
+        try:
+            self._webhook.verify(body, picked, json_parse=False)
+        except WebhookVerificationError as exc:
+            raise WebhookAuthError(_REASONS.get(str(exc), "signature verification failed")) from None
+        except UnicodeDecodeError:
+            # The package signs text; a body that is not UTF-8 cannot have been signed by it.
+            raise WebhookAuthError("body is not UTF-8 text") from None
+        except ValueError:  # includes binascii.Error: a signature entry without ',' or with bad base64
+            raise WebhookAuthError("malformed webhook-signature header") from None
+        except Exception:  # noqa: BLE001 - the contract is "only WebhookAuthError", whatever the package does
+            raise WebhookAuthError("signature verification failed") from None
+
+
+def sign_headers(
+    secret: str, body: bytes, *, webhook_id: str | None = None, timestamp: datetime | None = None
+) -> dict[str, str]:
+    """Standard Webhooks headers for sending `body` signed with `secret` (demo sender, tests, benches).
+
+    `webhook_id` defaults to a fresh `msg_<uuid>`; `timestamp` defaults to now (a naive datetime is
+    taken as UTC). Redelivering the same event must reuse its `webhook_id`: that id is what makes the
+    intake idempotent.
+    """
+    webhook = Webhook(secret_key(secret))
+    msg_id = webhook_id or f"msg_{uuid.uuid4().hex}"
+    if timestamp is None:
+        when = datetime.now(UTC)
+    elif timestamp.tzinfo is None:
+        when = timestamp.replace(tzinfo=UTC)
+    else:
+        # The package replaces the tzinfo instead of converting, so convert before handing it over.
+        when = timestamp.astimezone(UTC)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("webhook body must be UTF-8 text to be signed") from None
+    return {
+        HEADER_ID: msg_id,
+        HEADER_TIMESTAMP: str(floor(when.timestamp())),
+        HEADER_SIGNATURE: webhook.sign(msg_id, when, text),
+    }
+
+
+def _signature_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The three signature headers, by lower-cased name; everything else in `headers` is ignored."""
+    picked: dict[str, str] = {}
+    try:
+        for name, value in headers.items():
+            key = name.lower() if isinstance(name, str) else ""
+            if key in SIGNATURE_HEADERS and isinstance(value, str):
+                picked[key] = value
+    except Exception:  # noqa: BLE001 - a broken mapping is a bad delivery, not a crash
+        raise WebhookAuthError("unreadable webhook headers") from None
+    return picked

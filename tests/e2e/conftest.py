@@ -1,0 +1,86 @@
+"""A real fleet on loopback: `dagster-daemon` (run queue, sensors), the intake process, the sandbox."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from investigations.devfleet import stop_all, wait_http
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "whsec_ZTJlLXRlc3Qtc2VjcmV0LWZvci10aGUtaW50YWtl"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Fleet:
+    env: dict[str, str]
+    intake_url: str
+    data_dir: Path
+    dagster_home: Path
+    logs: Path
+
+    def instance(self):
+        from dagster import DagsterInstance
+
+        return DagsterInstance.from_config(str(self.dagster_home))
+
+
+@pytest.fixture(scope="module")
+def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """Intake and dagster-daemon as subprocesses, pointed at the session's sandbox web."""
+    base = tmp_path_factory.mktemp("fleet")
+    dagster_home, data_dir, logs = base / "dagster_home", base / "data", base / "logs"
+    for folder in (dagster_home, data_dir, logs):
+        folder.mkdir()
+    shutil.copyfile(ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    intake_port = free_port()
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(dagster_home),
+        "INVESTIGATIONS_DATA_DIR": str(data_dir),
+        "INVESTIGATIONS_SOURCES": str(ROOT / "sources.yaml"),
+        "INVESTIGATIONS_SANDBOX_URL": sandbox.url,
+        "INVESTIGATIONS_WEBHOOK_SECRET": SECRET,
+        "INVESTIGATIONS_INTAKE_PORT": str(intake_port),
+    }
+    bin_dir = Path(sys.executable).parent
+    procs = []
+    with open(logs / "intake.log", "wb") as intake_log, open(logs / "daemon.log", "wb") as daemon_log:
+        procs.append(_start_logged([str(bin_dir / "investigations"), "intake"], env, intake_log))
+        procs.append(_start_logged([str(bin_dir / "dagster-daemon"), "run", "-w", "workspace.yaml"], env, daemon_log))
+        try:
+            intake_url = f"http://127.0.0.1:{intake_port}"
+            wait_http(f"{intake_url}/healthz", timeout_s=30, procs=procs)
+            yield Fleet(env=env, intake_url=intake_url, data_dir=data_dir, dagster_home=dagster_home, logs=logs)
+        finally:
+            stop_all(procs)
+
+
+def _start_logged(cmd: list[str], env: dict[str, str], log) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_for(predicate, *, timeout_s: float, what: str, interval_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")

@@ -1,0 +1,83 @@
+"""End to end with real processes: a signed webhook becomes queued runs, records and checks."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from dagster import DagsterRunStatus, RunsFilter
+
+from investigations.demo import send_case
+from investigations.leads import normalize_lead
+from investigations.records import RecordStore
+from investigations.store import StateStore
+
+pytestmark = pytest.mark.e2e
+
+LEADS = [
+    {"kind": "domain", "value": "Northwind-Traders.example."},
+    {"kind": "domain", "value": "contoso.example"},
+    {"kind": "username", "value": "@robin_example"},
+]
+FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
+
+
+def _runs_for(instance, lead_ids):
+    runs = instance.get_runs(RunsFilter(tags={"investigations/source": "robust"}))
+    return [r for r in runs if r.tags.get("investigations/lead_id") in lead_ids]
+
+
+def test_signed_webhook_leads_to_successful_runs_and_parquet_files(fleet) -> None:
+    from tests.e2e.conftest import SECRET, wait_for
+
+    lead_ids = {normalize_lead(item["kind"], item["value"]).id for item in LEADS}
+    answer = send_case(fleet.intake_url, SECRET, {"case_id": "case-e2e", "leads": LEADS, "sources": ["robust"]},
+                       webhook_id="msg_e2e_1")
+    assert answer.status_code == 202, answer.text
+    instance = fleet.instance()
+    runs = wait_for(
+        lambda: (rs := _runs_for(instance, lead_ids)) and len(rs) == 3 and all(r.status in FINISHED for r in rs) and rs,
+        timeout_s=150, what="three finished robust runs",
+    )
+    assert {r.status for r in runs} == {DagsterRunStatus.SUCCESS}
+    assert all(r.tags["dagster/priority"] == "100" for r in runs)
+    records = RecordStore(fleet.data_dir / "records")
+    for lead_id in lead_ids:
+        table = records.read("robust", lead_id)
+        assert table is not None and table.num_rows >= 1
+
+
+def test_forged_signature_stores_nothing(fleet) -> None:
+    from tests.e2e.conftest import wait_for  # noqa: F401 - same module world
+
+    store = StateStore.from_url(f"sqlite:///{fleet.data_dir / 'state.db'}")
+    before = len(store.inbox_after(0, limit=10_000))
+    answer = send_case(fleet.intake_url, "whsec_" + "Zm9yZ2VkLXNlY3JldC1vZi1hbi1hdHRhY2tlcg==",
+                       {"case_id": "case-forged", "leads": [{"kind": "domain", "value": "forged.example"}]})
+    assert answer.status_code == 401
+    assert len(store.inbox_after(0, limit=10_000)) == before
+    assert store.get_lead(normalize_lead("domain", "forged.example").id) is None
+
+
+def test_collecting_a_lead_again_leaves_its_file_unchanged(fleet) -> None:
+    from tests.e2e.conftest import SECRET, wait_for
+
+    lead = normalize_lead("domain", "fabrikam.example")
+    body = {"case_id": "case-rerun", "leads": [lead.as_dict()], "sources": ["robust"]}
+    instance = fleet.instance()
+    path = RecordStore(fleet.data_dir / "records").path_for("robust", lead.id)
+
+    assert send_case(fleet.intake_url, SECRET, body, webhook_id="msg_rerun_1").status_code == 202
+    wait_for(lambda: [r for r in _runs_for(instance, {lead.id}) if r.status in FINISHED],
+             timeout_s=120, what="the first run of the lead")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    # A second delivery (another webhook) re-runs the same partition through the whole path.
+    assert send_case(fleet.intake_url, SECRET, {**body, "case_id": "case-rerun-2"},
+                     webhook_id="msg_rerun_2").status_code == 202
+    runs = wait_for(
+        lambda: (rs := _runs_for(instance, {lead.id})) and len(rs) == 2 and all(r.status in FINISHED for r in rs) and rs,
+        timeout_s=120, what="the second run of the lead",
+    )
+    assert {r.status for r in runs} == {DagsterRunStatus.SUCCESS}
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest

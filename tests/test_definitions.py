@@ -1,0 +1,38 @@
+"""The Definitions load, and each source gets its own asset, job, pool and retry policy."""
+
+from __future__ import annotations
+
+from dagster import Backoff, Jitter
+
+from assets.naming import job_name, pool_name, source_asset_key
+from definitions import build_definitions
+from investigations.catalog import load_catalog
+from investigations.config import Settings
+
+
+def test_definitions_load_with_one_asset_job_and_pool_per_source(sandbox_env) -> None:
+    settings = Settings.from_env()
+    catalog = load_catalog(settings.sources_path)
+    defs = build_definitions(settings)
+    graph = defs.resolve_asset_graph()
+    for spec in catalog.sources:
+        node = graph.get(source_asset_key(spec.name))
+        assert node.pools == {pool_name(spec.name)}
+        assert node.partitions_def is not None and node.partitions_def.name == "leads"
+        assert defs.resolve_job_def(job_name(spec.name)) is not None
+
+
+def test_retry_policy_comes_from_the_source_entry(sandbox_env) -> None:
+    settings = Settings.from_env()
+    spec = load_catalog(settings.sources_path).get("fragile")
+    assets_def = build_definitions(settings).resolve_assets_def(source_asset_key("fragile"))
+    policy = assets_def.op.retry_policy
+    assert policy.max_retries == spec.retry.step_retries
+    assert policy.delay == spec.retry.base_delay_s
+    assert policy.backoff == Backoff.EXPONENTIAL and policy.jitter == Jitter.FULL
+
+
+def test_module_level_defs_is_what_the_workspace_loads() -> None:
+    import definitions
+
+    assert definitions.defs.resolve_sensor_def("new_leads") is not None
