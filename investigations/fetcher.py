@@ -21,7 +21,7 @@ import httpx
 
 from investigations.classify import classify, next_step, parse_retry_after_s
 from investigations.events import FetchEvent, Outcome
-from investigations.netguard import private_reason
+from investigations.netguard import private_reason, resolved_private_reason
 from investigations.specs import SourceSpec
 
 if TYPE_CHECKING:  # adapters import redact_url from here; the dependency stays one-way at runtime
@@ -255,7 +255,7 @@ def _refusal(url: str, trusted_host: str) -> str | None:
         return f"uses scheme {parts.scheme!r}, not http or https"
     if host and host == trusted_host:
         return None
-    return private_reason(host)
+    return private_reason(host) or resolved_private_reason(host)
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

@@ -7,6 +7,10 @@ fleet fetch an internal address. Only configured source hosts (trusted config) m
 from __future__ import annotations
 
 import ipaddress
+import re
+import socket
+from collections.abc import Callable
+from typing import Any
 
 # Names that resolve inside a network by convention, whatever DNS says.
 _PRIVATE_SUFFIXES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".intranet", ".corp")
@@ -20,15 +24,17 @@ def parse_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return ipaddress.ip_address(candidate)
     except ValueError:
         pass
-    # Legacy shorthand forms (`127.1`, a bare integer) still reach loopback through most resolvers.
-    if candidate.isdigit() or (candidate.replace(".", "").isdigit() and candidate.count(".") < 3):
+    # Resolvers also read legacy forms (`127.1`, `0177.0.0.1`, `0x7f.1`, a bare integer) as IPv4,
+    # so anything inet_aton accepts is an address, whatever it looks like.
+    if _LEGACY_IPV4.match(candidate):
         try:
-            import socket
-
             return ipaddress.ip_address(socket.inet_aton(candidate))
         except OSError:
             return None
     return None
+
+
+_LEGACY_IPV4 = re.compile(r"^(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}$", re.IGNORECASE)
 
 
 def private_reason(host: str) -> str | None:
@@ -49,4 +55,25 @@ def private_reason(host: str) -> str | None:
         return f"points at a private address ({name})"
     if "." not in name:
         return f"points at a private address (single-label host {name!r})"
+    return None
+
+
+def resolved_private_reason(
+    host: str, *, resolve: Callable[..., list[Any]] = socket.getaddrinfo
+) -> str | None:
+    """Why a public-looking name is still not a public target: it resolves to a private address.
+
+    A name that does not resolve is left to fail at connect time. (A resolver that answers
+    differently at connect time can still slip past; pinning the address is future work.)
+    """
+    if parse_ip(host) is not None:
+        return private_reason(host)
+    try:
+        infos = resolve(host, None)
+    except (OSError, UnicodeError):
+        return None
+    for info in infos:
+        address = info[4][0]
+        if reason := private_reason(address.split("%", 1)[0]):
+            return f"{host} resolves to an address that {reason.removeprefix('points at ')}"
     return None

@@ -60,6 +60,23 @@ class RetrySpec(_Model):
         return self
 
 
+class ThrottleSpec(_Model):
+    """Adaptive slow-down (AIMD): how hard 429/503/timeouts cut a lane's rate and how it recovers."""
+
+    decrease_factor: float = Field(default=0.5, gt=0, lt=1)  # rate *= this on a throttle signal
+    increase_step: float = Field(default=0.05, gt=0, le=1)  # factor += this on a success, up to 1
+    min_factor: float = Field(default=0.05, gt=0, le=1)  # never below this share of the configured rate
+    park_after_s: Positive = 120.0  # a collection throttled this long is parked, not failed
+
+
+class CircuitSpec(_Model):
+    """Circuit breaker: after `failure_threshold` failed collections in a row the source rests."""
+
+    failure_threshold: int = Field(default=5, ge=1)
+    cooldown_s: Positive = 30.0  # first rest; doubles on each re-open, up to max_cooldown_s
+    max_cooldown_s: Positive = 600.0
+
+
 class RequestSpec(_Model):
     """The request made for a lead. `url` may use {kind}, {value} (url-quoted) and {lead_id}."""
 
@@ -110,6 +127,10 @@ class SourceSpec(_Model):
     rate: RateSpec = RateSpec()
     concurrency: int = Field(default=1, ge=1, le=64)
     retry: RetrySpec = RetrySpec()
+    throttle: ThrottleSpec = ThrottleSpec()
+    circuit: CircuitSpec = CircuitSpec()
+    # Backpressure: at most this many collections of the source handed to Dagster and not finished.
+    max_in_flight: int = Field(default=20, ge=1, le=10_000)
     timeout_s: Positive = 10.0
     recrawl_every_s: Positive = 86400.0
     identity_tier: str = "datacenter"
@@ -119,15 +140,18 @@ class SourceSpec(_Model):
     @model_validator(mode="before")
     @classmethod
     def _parse_by_adapter(cls, data: Any) -> Any:
-        # The adapter decides which parse model applies, so its errors name the right keys.
-        if isinstance(data, dict) and "adapter" in data:
-            model = PARSE_MODELS.get(data["adapter"])
-            if model is None:
-                raise ValueError(f"unknown adapter {data['adapter']!r} (known: {', '.join(PARSE_MODELS)})")
-            data = dict(data)
-            data["parse"] = model.model_validate(data.get("parse") or {})
-            if "recrawl_every" in data:
-                data["recrawl_every_s"] = parse_duration_s(data.pop("recrawl_every"))
+        # The adapter decides which parse model applies (parse_sources reports its errors with their
+        # `parse.` path first); a human-friendly duration becomes seconds.
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "adapter" in data:
+            adapter = data["adapter"]
+            if not isinstance(adapter, str) or adapter not in PARSE_MODELS:
+                raise ValueError(f"unknown adapter {adapter!r} (known: {', '.join(PARSE_MODELS)})")
+            data["parse"] = PARSE_MODELS[adapter].model_validate(data.get("parse") or {})
+        if "recrawl_every" in data:
+            data["recrawl_every_s"] = parse_duration_s(data.pop("recrawl_every"))
         return data
 
     @field_validator("name")
@@ -180,11 +204,14 @@ class SourceCatalog(_Model):
 def parse_duration_s(value: Any) -> float:
     """`90`, `"90s"`, `"15m"`, `"6h"`, `"1d"` -> seconds."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    match = _DURATION.match(str(value))
-    if not match:
+        seconds = float(value)
+    elif match := _DURATION.match(str(value)):
+        seconds = float(match.group(1)) * _DURATION_UNIT_S[match.group(2)]
+    else:
         raise ValueError(f"recrawl_every {value!r} is not a duration like 90, '15m', '6h' or '1d'")
-    return float(match.group(1)) * _DURATION_UNIT_S[match.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"recrawl_every {value!r} must be longer than zero")
+    return seconds
 
 
 def load_sources(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> SourceCatalog:
@@ -217,10 +244,30 @@ def parse_sources(text: str, *, origin: str = "sources.yaml", env: Mapping[str, 
             entries.append(_expand_env(_merge(defaults, entry), env, path=()))
         except _EnvMissing as exc:
             raise SpecError(f"{origin}: source {label!r}: key {exc.key!r}: {exc}") from None
+    problems = [_parse_block_problems(origin, entry) for entry in entries]
+    if any(problems):
+        raise SpecError("\n".join(line for lines in problems for line in lines))
     try:
         return SourceCatalog.model_validate({"sources": entries})
     except ValidationError as exc:
         raise SpecError(_describe(origin, exc, entries)) from None
+
+
+def _parse_block_problems(origin: str, entry: dict[str, Any]) -> list[str]:
+    """Errors of an entry's `parse:` block, each with its full key path (`parse.records_path`)."""
+    model = PARSE_MODELS.get(entry["adapter"]) if isinstance(entry.get("adapter"), str) else None
+    if model is None:
+        return []
+    try:
+        model.model_validate(entry.get("parse") or {})
+    except ValidationError as exc:
+        return [_problem(origin, entry, ["parse", *err["loc"]], err) for err in exc.errors()]
+    return []
+
+
+def _problem(origin: str, entry: dict[str, Any], loc: list[Any], err: Any) -> str:
+    message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+    return f"{origin}: source {entry.get('name', '?')!r}: key {'.'.join(map(str, loc))!r}: {message}"
 
 
 def _describe(origin: str, exc: ValidationError, entries: list[dict[str, Any]]) -> str:
@@ -232,12 +279,12 @@ def _describe(origin: str, exc: ValidationError, entries: list[dict[str, Any]]) 
             entry = entries[loc[1]] if loc[1] < len(entries) else {}
             where += f": source {entry.get('name', f'#{loc[1] + 1}')!r}"
             loc = loc[2:]
+        elif loc == ["sources"]:
+            loc = []
         # Pydantic adds the union member's class name into the location; the user never wrote it.
         keys = [str(p) for p in loc if not (isinstance(p, str) and p[:1].isupper())]
-        message = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            message = "unknown key"
-        lines.append(f"{where}: key {'.'.join(keys) or '(entry)'!r}: {message}")
+        message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: key {'.'.join(keys)!r}: {message}" if keys else f"{where}: {message}")
     return "\n".join(dict.fromkeys(lines))
 
 

@@ -1,0 +1,217 @@
+"""Collector: one (source, lead) collected over real loopback HTTP from the sandbox web, end to end."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from investigations.collect import CollectionFailed, Collector
+from investigations.fetcher import Fetcher
+from investigations.leads import Lead, normalize_lead
+from investigations.records import RecordStore
+from investigations.specs import SourceCatalog, load_sources, parse_sources
+from investigations.store import StateStore
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+SECRET = "s3cr3t-token-value"
+EXAMPLE = normalize_lead("domain", "example.com")
+
+# The same source name twice: once at a port nobody listens on, once at the sandbox's robust API,
+# so a later good collection can follow a failed one for the same (source, lead).
+LOOKUP = """\
+sources:
+  - name: lookup
+    adapter: json_api
+    lead_kinds: [domain]
+    request:
+      url: "{base}?kind={{kind}}&q={{value}}&api_key=${{LOOKUP_KEY}}"
+      headers: {{Authorization: "Bearer ${{LOOKUP_KEY}}"}}
+    parse: {{records_path: results, record_key: id}}
+    retry: {{attempts: 2, base_delay_s: 0.01, max_delay_s: 0.02}}
+    timeout_s: 2
+"""
+
+
+class Clock:
+    """The collector's wall clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> None:
+        self.now += timedelta(**delta)
+
+
+@dataclass
+class World:
+    store: StateStore
+    records: RecordStore
+    fetcher: Fetcher
+    clock: Clock
+
+    def collector(self, catalog: SourceCatalog) -> Collector:
+        return Collector(catalog=catalog, store=self.store, records=self.records, fetcher=self.fetcher, now=self.clock)
+
+    def lead(self, lead: Lead = EXAMPLE) -> str:
+        self.store.add_lead(lead, case_id="case-1", now=T0)
+        return lead.id
+
+
+@pytest.fixture
+def world(sqlite_store: StateStore, tmp_path: Path) -> Iterator[World]:
+    fetcher = Fetcher(sink=sqlite_store, sleep=lambda s: None)
+    try:
+        yield World(sqlite_store, RecordStore(tmp_path / "records"), fetcher, Clock())
+    finally:
+        fetcher.close()
+
+
+@pytest.fixture
+def fleet(sandbox) -> SourceCatalog:
+    """The repo's own sources.yaml, pointed at the test sandbox."""
+    return load_sources(ROOT / "sources.yaml", env={"INVESTIGATIONS_SANDBOX_URL": sandbox.url})
+
+
+def lookup_catalog(base: str) -> SourceCatalog:
+    return parse_sources(LOOKUP.format(base=base), env={"LOOKUP_KEY": SECRET})
+
+
+CLOSED_PORT = "http://127.0.0.1:9/x"
+
+
+def file_sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# -- a working source -------------------------------------------------------------------------------
+
+
+def test_robust_source_collects_records_into_a_file(world: World, fleet: SourceCatalog) -> None:
+    result = world.collector(fleet).collect("robust", world.lead(), run_id="run-1")
+    table = world.records.read("robust", EXAMPLE.id)
+    assert result.outcome == "ok" and result.records >= 1 and result.changed is True
+    assert Path(result.path).exists()
+    assert table.num_rows == result.records
+    assert result.sample_keys == sorted(table.column("record_key").to_pylist())[:5]
+    assert (result.requests, result.expected_min_records) == (1, 1)
+
+
+def test_robust_collection_is_recorded_as_ok(world: World, fleet: SourceCatalog) -> None:
+    result = world.collector(fleet).collect("robust", world.lead(), run_id="run-1")
+    row = world.store.collection("robust", EXAMPLE.id)
+    assert (row.outcome, row.records, row.content_hash, row.path, row.run_id) == (
+        "ok", result.records, result.content_hash, result.path, "run-1")
+    assert row.last_success_at == T0
+
+
+def test_collecting_again_leaves_the_file_unchanged(world: World, fleet: SourceCatalog) -> None:
+    collector = world.collector(fleet)
+    first = collector.collect("robust", world.lead())
+    digest = file_sha256(first.path)
+    world.clock.advance(hours=6)
+    again = collector.collect("robust", EXAMPLE.id)
+    assert again.changed is False
+    assert again.content_hash == first.content_hash
+    assert file_sha256(again.path) == digest
+    assert set(world.records.read("robust", EXAMPLE.id).column("fetched_at").to_pylist()) == {T0}
+
+
+def test_the_fetch_log_has_one_row_per_request_with_status_and_latency(world: World, fleet: SourceCatalog) -> None:
+    world.collector(fleet).collect("robust", world.lead(), run_id="run-1")
+    [row] = world.store.fetch_log(source="robust", lead_id=EXAMPLE.id)
+    assert (row["status"], row["outcome"], row["attempt"], row["run_id"]) == (200, "ok", 1, "run-1")
+    assert row["latency_ms"] > 0 and row["bytes"] > 0
+    assert "/robust/api/lookup?kind=domain&q=example.com" in row["url"]
+
+
+# -- a quiet source ---------------------------------------------------------------------------------
+
+
+def test_quiet_source_answering_nothing_is_an_empty_collection(world: World, fleet: SourceCatalog) -> None:
+    result = world.collector(fleet).collect("quiet", world.lead())
+    assert (result.outcome, result.records) == ("empty", 0)
+    assert world.records.read("quiet", EXAMPLE.id).num_rows == 0
+    assert world.store.collection("quiet", EXAMPLE.id).outcome == "empty"
+    assert world.store.dead_letters() == []
+
+
+def test_quiet_source_switched_on_collects_records(world: World, fleet: SourceCatalog, sandbox) -> None:
+    sandbox.app_state.configure("quiet", {"empty": False})
+    try:
+        result = world.collector(fleet).collect("quiet", world.lead())
+    finally:
+        sandbox.app_state.configure("quiet", {"empty": True})
+    assert result.outcome == "ok" and result.records >= 1
+
+
+# -- failures ---------------------------------------------------------------------------------------
+
+
+def test_a_closed_port_fails_as_transient_after_every_attempt(world: World) -> None:
+    with pytest.raises(CollectionFailed) as raised:
+        world.collector(lookup_catalog(CLOSED_PORT)).collect("lookup", world.lead())
+    failed = raised.value
+    assert (failed.reason_group, failed.attempts, failed.last_status) == ("transient", 2, None)
+    assert failed.retryable is True
+
+
+def test_a_failed_collection_leaves_a_dead_letter_without_secrets(world: World) -> None:
+    with pytest.raises(CollectionFailed):
+        world.collector(lookup_catalog(CLOSED_PORT)).collect("lookup", world.lead())
+    [letter] = world.store.dead_letters()
+    assert (letter.source, letter.lead_id, letter.reason_group, letter.attempts) == (
+        "lookup", EXAMPLE.id, "transient", 2)
+    assert letter.last_error and SECRET not in letter.last_error
+
+
+def test_a_failed_collection_is_recorded_as_failed(world: World) -> None:
+    with pytest.raises(CollectionFailed):
+        world.collector(lookup_catalog(CLOSED_PORT)).collect("lookup", world.lead(), run_id="run-1")
+    row = world.store.collection("lookup", EXAMPLE.id)
+    assert (row.outcome, row.records, row.path, row.last_success_at) == ("failed", 0, None, None)
+    assert world.records.read("lookup", EXAMPLE.id) is None
+
+
+def test_every_failed_attempt_is_logged_redacted(world: World) -> None:
+    with pytest.raises(CollectionFailed):
+        world.collector(lookup_catalog(CLOSED_PORT)).collect("lookup", world.lead())
+    rows = world.store.fetch_log(source="lookup")
+    assert [(r["attempt"], r["status"], r["outcome"]) for r in rows] == [(1, None, "transient"), (2, None, "transient")]
+    assert all("api_key=***" in r["url"] for r in rows)
+    assert not any(SECRET in f"{r['url']} {r['error']}" for r in rows)
+
+
+def test_a_later_success_clears_the_dead_letter(world: World, sandbox) -> None:
+    lead_id = world.lead()
+    with pytest.raises(CollectionFailed):
+        world.collector(lookup_catalog(CLOSED_PORT)).collect("lookup", lead_id)
+    world.clock.advance(hours=1)
+    result = world.collector(lookup_catalog(f"{sandbox.url}/robust/api/lookup")).collect("lookup", lead_id)
+    assert result.outcome == "ok"
+    assert world.store.dead_letters() == []
+    assert world.store.collection("lookup", lead_id).last_success_at == T0 + timedelta(hours=1)
+
+
+def test_an_unknown_lead_fails_without_a_request_and_is_not_retryable(world: World, fleet: SourceCatalog) -> None:
+    with pytest.raises(CollectionFailed) as raised:
+        world.collector(fleet).collect("robust", "domain-0000000000000000")
+    assert (raised.value.reason_group, raised.value.attempts, raised.value.retryable) == ("unknown_lead", 0, False)
+    assert world.store.fetch_log() == []
+    assert [d.reason_group for d in world.store.dead_letters()] == ["unknown_lead"]
+
+
+def test_a_lead_of_a_kind_the_source_does_not_take_is_an_unknown_lead(world: World, fleet: SourceCatalog) -> None:
+    lead_id = world.lead(normalize_lead("ip", "8.8.8.8"))
+    with pytest.raises(CollectionFailed) as raised:
+        world.collector(fleet).collect("robust", lead_id)
+    assert raised.value.reason_group == "unknown_lead"
+    assert "does not take" in raised.value.last_error
