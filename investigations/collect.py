@@ -94,9 +94,11 @@ class Collector:
                            attempts=requests, last_error=f"unparseable answer: {exc}")
         written = self.records.write(source, lead_id, found, fetched_at=self.now())
         outcome = "ok" if written.records else "empty"
+        now = self.now()
         self.store.record_collection(source=source, lead_id=lead_id, outcome=outcome, records=written.records,
                                      content_hash=written.content_hash, path=str(written.path), run_id=run_id,
-                                     now=self.now())
+                                     now=now)
+        self.store.finish_dispatched(source, lead_id, outcome=outcome, now=now)
         return CollectionResult(
             source=source,
             lead_id=lead_id,
@@ -115,4 +117,5 @@ class Collector:
         self.store.put_dead_letter(source=source, lead_id=lead_id, now=now, **reason)  # type: ignore[arg-type]
         self.store.record_collection(source=source, lead_id=lead_id, outcome="failed", records=0,
                                      content_hash=None, path=None, run_id=run_id, now=now)
+        self.store.finish_dispatched(source, lead_id, outcome="failed", now=now)
         raise CollectionFailed(source=source, lead_id=lead_id, **reason)  # type: ignore[arg-type]

@@ -1,4 +1,12 @@
-"""The new-lead sensor: inbox rows become dynamic partitions and one run per (source, lead)."""
+"""The new-lead sensor: inbox rows become queued collections; queued collections become runs.
+
+Two steps per tick. Ingest: every inbox row after the cursor is queued once per wanted source in
+the fleet's own backlog (`collection_queue`). Dispatch: each source hands Dagster at most
+`max_in_flight` unfinished collections, highest priority first, and none while its circuit rests;
+the rest waits in the backlog, in the database, not in the run queue.
+"""
+
+from datetime import timedelta
 
 from dagster import (
     DefaultSensorStatus,
@@ -15,47 +23,85 @@ from assets.naming import job_name
 from assets.partitions import leads_partitions
 from investigations.priority import DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, PriorityClass
 from investigations.specs import SourceCatalog
-from investigations.store import InboxItem
+from investigations.store import InboxItem, QueuedCollection, StateStore, utcnow
 from resources.fleet import FleetResource
 from sensors.pools import sync_pool_limits
 
 NEW_LEAD_SENSOR = "new_leads"
 # Caps one tick's work: Dagster creates ~10 runs/s from one tick, and a tick has 60 s to finish.
-MAX_INBOX_ROWS_PER_TICK = 100
+MAX_INBOX_ROWS_PER_TICK = 200
+MAX_RUNS_PER_TICK = 100
 INTERVAL_S = 5
+# A dispatched collection whose run never reported back goes back to the queue after this long.
+STALE_DISPATCH = timedelta(minutes=30)
 
 
-def run_requests_for(item: InboxItem, catalog: SourceCatalog) -> tuple[list[RunRequest], list[str]]:
-    """The runs one inbox row asks for, and the reasons for any wanted source that is skipped.
-
-    The run key names the inbox row, so re-evaluating the same rows (a reset cursor, a retried tick)
-    never launches a second run, while the same lead in a later webhook is collected again.
-    """
+def wanted_sources(item: InboxItem, catalog: SourceCatalog) -> tuple[list[str], list[str]]:
+    """The sources an inbox row asks for, and the reasons for any wanted source that is skipped."""
     wanted = item.sources or [spec.name for spec in catalog.for_kind(item.lead.kind)]
-    priority = PriorityClass(item.priority_class)
-    requests, skipped = [], []
+    names, skipped = [], []
     for name in wanted:
         if name not in catalog.names:
             skipped.append(f"{name}: no longer in sources.yaml")
-            continue
-        if not catalog.get(name).accepts(item.lead.kind):
+        elif not catalog.get(name).accepts(item.lead.kind):
             skipped.append(f"{name}: does not take {item.lead.kind} leads")
-            continue
-        requests.append(
-            RunRequest(
-                job_name=job_name(name),
-                partition_key=item.lead.id,
-                run_key=f"{name}:{item.lead.id}:inbox-{item.id}",
-                tags={
-                    "dagster/priority": str(DAGSTER_PRIORITY[priority]),
-                    PRIORITY_CLASS_TAG: priority.value,
-                    "investigations/source": name,
-                    "investigations/lead_id": item.lead.id,
-                    "investigations/case_id": item.case_id,
-                },
-            )
+        else:
+            names.append(name)
+    return names, skipped
+
+
+def ingest(store: StateStore, items: list[InboxItem], catalog: SourceCatalog) -> tuple[int, list[str]]:
+    """Queue every inbox row once per wanted source (idempotent by inbox row)."""
+    queued, notes = 0, []
+    for item in items:
+        names, skipped = wanted_sources(item, catalog)
+        queued += store.enqueue(
+            [(name, item.lead.id) for name in names],
+            origin=f"inbox:{item.id}",
+            priority_class=item.priority_class,
+            case_id=item.case_id,
         )
-    return requests, skipped
+        notes.extend(f"inbox row {item.id} lead {item.lead.id}: skipped {reason}" for reason in skipped)
+    return queued, notes
+
+
+def run_request_for(row: QueuedCollection) -> RunRequest:
+    """The run of one queued collection. The run key names the queue row, so a re-evaluated tick or a
+    re-dispatched row never starts a second run, while a new request for the lead gets its own."""
+    priority = PriorityClass(row.priority_class)
+    tags = {
+        "dagster/priority": str(DAGSTER_PRIORITY[priority]),
+        PRIORITY_CLASS_TAG: priority.value,
+        "investigations/source": row.source,
+        "investigations/lead_id": row.lead_id,
+        "investigations/origin": row.origin,
+    }
+    if row.case_id:
+        tags["investigations/case_id"] = row.case_id
+    return RunRequest(job_name=job_name(row.source), partition_key=row.lead_id,
+                      run_key=f"{row.source}:{row.lead_id}:q{row.id}", tags=tags)
+
+
+def dispatch(store: StateStore, catalog: SourceCatalog, *, max_runs: int) -> tuple[list[RunRequest], list[str]]:
+    """Hand each source's ready collections to Dagster within its backpressure bound."""
+    now = utcnow()
+    store.release_stale_dispatches(older_than=now - STALE_DISPATCH)
+    depths = store.queue_depths(now=now)
+    requests: list[RunRequest] = []
+    reasons: list[str] = []
+    for spec in catalog.sources:
+        depth = depths.get(spec.name)
+        if not depth or not depth["ready"]:
+            continue
+        room = min(spec.max_in_flight - depth["dispatched"], max_runs - len(requests))
+        if room <= 0:
+            reasons.append(
+                f"{spec.name}: {depth['dispatched']} collections in flight (max_in_flight {spec.max_in_flight}); "
+                f"{depth['ready']} wait in the backlog"
+            )
+            continue
+        requests.extend(run_request_for(row) for row in store.dispatch(spec.name, limit=room, now=now))
+    return requests, reasons
 
 
 def build_new_lead_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> SensorDefinition:
@@ -64,27 +110,31 @@ def build_new_lead_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> Sens
         jobs=jobs,
         minimum_interval_seconds=INTERVAL_S,
         default_status=DefaultSensorStatus.RUNNING,
-        description="Turns leads accepted by the webhook intake into `leads` partitions and interactive "
-        "runs, one per wanted source. The cursor is the last inbox row handled.",
+        description="Queues leads accepted by the webhook intake (one collection per wanted source) and "
+        "hands each source's backlog to Dagster within its max_in_flight, interactive work first.",
     )
     def new_leads(context: SensorEvaluationContext, fleet: FleetResource) -> SensorResult | SkipReason:
+        store = fleet.store
         cursor = int(context.cursor or 0)
-        items = fleet.store.inbox_after(cursor, limit=MAX_INBOX_ROWS_PER_TICK)
-        if not items:
-            return SkipReason(f"no new leads in the inbox after row {cursor}")
+        items = store.inbox_after(cursor, limit=MAX_INBOX_ROWS_PER_TICK)
+        queued, notes = ingest(store, items, catalog)
+        for note in notes:
+            context.log.warning(note)
         sync_pool_limits(context.instance, catalog)
-        run_requests: list[RunRequest] = []
-        for item in items:
-            requests, skipped = run_requests_for(item, catalog)
-            run_requests.extend(requests)
-            for reason in skipped:
-                context.log.warning(f"inbox row {item.id} lead {item.lead.id}: skipped {reason}")
-        partition_keys = sorted({item.lead.id for item in items})
-        context.log.info(f"{len(items)} inbox row(s) -> {len(partition_keys)} lead(s), {len(run_requests)} run(s)")
+        run_requests, reasons = dispatch(store, catalog, max_runs=MAX_RUNS_PER_TICK)
+        for reason in reasons:
+            context.log.info(f"backpressure: {reason}")
+        new_cursor = str(items[-1].id) if items else context.cursor
+        if not run_requests:
+            why = "; ".join(reasons) or "nothing ready in the backlog"
+            return SensorResult(skip_reason=f"{len(items)} inbox row(s) read, no run requested: {why}",
+                                cursor=new_cursor)
+        leads = sorted({request.partition_key for request in run_requests})
+        context.log.info(f"{len(items)} inbox row(s), {queued} queued, {len(run_requests)} run(s) requested")
         return SensorResult(
             run_requests=run_requests,
-            dynamic_partitions_requests=[leads_partitions.build_add_request(partition_keys)],
-            cursor=str(items[-1].id),
+            dynamic_partitions_requests=[leads_partitions.build_add_request(leads)],
+            cursor=new_cursor,
         )
 
     return new_leads

@@ -4,9 +4,10 @@ from investigations.store.state import (
     AcceptResult,
     Collection,
     DeadLetter,
+    QueuedCollection,
     InboxItem,
     StateStore,
     utcnow,
 )
 
-__all__ = ["AcceptResult", "Collection", "DeadLetter", "InboxItem", "StateStore", "utcnow"]
+__all__ = ["AcceptResult", "Collection", "DeadLetter", "InboxItem", "QueuedCollection", "StateStore", "utcnow"]

@@ -9,11 +9,16 @@ from sqlalchemy import Connection, Engine, inspect, select, text
 
 from investigations.store import schema as s
 
-# Each step takes a database at version N-1 to N. Version 1 creates the tables as `schema.py`
-# declares them today; from version 2 on, steps must spell out their DDL, because `schema.py`
-# will by then describe the newest version, not the one a step starts from.
+# Each step takes a database at version N-1 to N. A step may create a table from its declaration in
+# `schema.py` only while that declaration is unchanged since the step was written; a later change to
+# a table is a new step with explicit DDL (ALTER TABLE ...).
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
-    1: lambda conn: s.metadata.create_all(conn),
+    1: lambda conn: s.metadata.create_all(
+        conn, tables=[s.schema_version, s.cases, s.leads, s.case_leads, s.inbox, s.fetch_log, s.collections,
+                      s.dead_letters]
+    ),
+    # New tables only: creating them from their declaration is exact as long as they stay unchanged.
+    2: lambda conn: s.metadata.create_all(conn, tables=[s.rate_lanes, s.circuits, s.collection_queue]),
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

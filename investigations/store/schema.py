@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -151,4 +151,52 @@ dead_letters = Table(
     Column("last_seen", UTCDateTime, nullable=False),
     PrimaryKeyConstraint("source", "lead_id"),
     Index("ix_dead_letters_reason", "reason_group"),
+)
+
+
+# --- version 2: flow control ------------------------------------------------------------------
+
+# One row per rate lane ("source:<name>" or "identity:<source>:<identity>"): a GCRA state shared by
+# every process. Times are wall-clock epoch seconds because several processes read them.
+rate_lanes = Table(
+    "rate_lanes",
+    metadata,
+    Column("lane", String(200), primary_key=True),
+    Column("tat_s", Float, nullable=False),  # theoretical arrival time of the next request
+    Column("not_before_s", Float, nullable=False),  # Retry-After floor: nothing leaves before this
+    Column("rate_factor", Float, nullable=False),  # AIMD multiplier of the configured rate, (0, 1]
+    Column("updated_at_s", Float, nullable=False),
+)
+
+circuits = Table(
+    "circuits",
+    metadata,
+    Column("source", String(64), primary_key=True),
+    Column("state", String(16), nullable=False),  # closed | open | half_open
+    Column("failure_streak", Integer, nullable=False),
+    Column("opened_at_s", Float, nullable=True),
+    Column("probe_at_s", Float, nullable=True),  # when an open circuit may send its one probe
+    Column("opens", Integer, nullable=False),  # how many times it opened in a row (cooldown grows)
+    Column("updated_at_s", Float, nullable=False),
+)
+
+# The fleet's own backlog: one row per collection wanted. Dagster is fed from here a bounded amount
+# per source, so a source that is down or throttled holds its work here, not in the run queue.
+collection_queue = Table(
+    "collection_queue",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("source", String(64), nullable=False),
+    Column("lead_id", String(64), nullable=False),
+    Column("origin", String(200), nullable=False),  # inbox:<id> | requeue:<n> | recurring:<window> ...
+    Column("priority_class", String(16), nullable=False),
+    Column("case_id", String(200), nullable=True),
+    Column("state", String(16), nullable=False),  # queued | dispatched | done
+    Column("not_before", UTCDateTime, nullable=False),
+    Column("enqueued_at", UTCDateTime, nullable=False),
+    Column("dispatched_at", UTCDateTime, nullable=True),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Column("outcome", String(16), nullable=True),
+    UniqueConstraint("source", "lead_id", "origin", name="uq_queue_source_lead_origin"),
+    Index("ix_queue_source_state", "source", "state", "not_before"),
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,6 +58,20 @@ class Collection:
     run_id: str | None
     last_attempt_at: datetime
     last_success_at: datetime | None
+
+
+@dataclass(frozen=True)
+class QueuedCollection:
+    id: int
+    source: str
+    lead_id: str
+    origin: str
+    priority_class: str
+    case_id: str | None
+    state: str
+    not_before: datetime
+    enqueued_at: datetime
+    dispatched_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -268,13 +282,138 @@ class StateStore:
         with self.engine.begin() as conn:
             for row in conn.execute(query).mappings():
                 entry = summary.setdefault(
-                    row["source"], {"source": row["source"], "requests": 0, "outcomes": {}, "bytes": 0, "last_at": None}
+                    row["source"],
+                    {"source": row["source"], "requests": 0, "outcomes": {}, "bytes": 0, "latency_ms": 0.0,
+                     "last_at": None},
                 )
-                entry["requests"] += row["requests"]
+                # Mean over all outcomes, weighted by each outcome's request count.
+                total = entry["requests"] + row["requests"]
+                entry["latency_ms"] = (entry["latency_ms"] * entry["requests"]
+                                       + float(row["latency_ms"] or 0) * row["requests"]) / total
+                entry["requests"] = total
                 entry["outcomes"][row["outcome"]] = row["requests"]
                 entry["bytes"] += int(row["bytes"] or 0)
                 entry["last_at"] = max(filter(None, [entry["last_at"], row["last_at"]]), default=None)
         return [summary[name] for name in sorted(summary)]
+
+    # -- the collection queue (the fleet's own backlog) -------------------------------------------
+
+    def enqueue(
+        self,
+        items: Iterable[tuple[str, str]],
+        *,
+        origin: str,
+        priority_class: str,
+        case_id: str | None = None,
+        not_before: datetime | None = None,
+        now: datetime | None = None,
+    ) -> int:
+        """Queue (source, lead) collections once per origin; return how many were new.
+
+        The origin makes it idempotent: the same inbox row or requeue request queued twice is one row.
+        """
+        now = now or utcnow()
+        rows = [
+            {
+                "source": source,
+                "lead_id": lead_id,
+                "origin": origin,
+                "priority_class": priority_class,
+                "case_id": case_id,
+                "state": "queued",
+                "not_before": not_before or now,
+                "enqueued_at": now,
+            }
+            for source, lead_id in dict.fromkeys(items)
+        ]
+        if not rows:
+            return 0
+        with self.engine.begin() as conn:
+            return len(_insert_new(conn, s.collection_queue, rows, keys=["source", "lead_id", "origin"]))
+
+    def queue_depths(self, *, now: datetime | None = None) -> dict[str, dict[str, int]]:
+        """Per source: collections queued and ready, queued but waiting (not_before), dispatched."""
+        now = now or utcnow()
+        q = s.collection_queue
+        ready = (q.c.state == "queued") & (q.c.not_before <= now)
+        query = select(q.c.source, q.c.state, (q.c.state == "queued") & ~ready, func.count()).where(
+            q.c.state != "done"
+        ).group_by(q.c.source, q.c.state, (q.c.state == "queued") & ~ready)
+        depths: dict[str, dict[str, int]] = {}
+        with self.engine.begin() as conn:
+            for source, state, waiting, count in conn.execute(query):
+                entry = depths.setdefault(source, {"ready": 0, "waiting": 0, "dispatched": 0})
+                key = "dispatched" if state == "dispatched" else ("waiting" if waiting else "ready")
+                entry[key] += count
+        return depths
+
+    def dispatch(self, source: str, *, limit: int, now: datetime | None = None) -> list[QueuedCollection]:
+        """Take up to `limit` ready collections of `source`, highest priority first, and mark them
+        dispatched. A lead already dispatched for this source is not dispatched twice at once."""
+        if limit <= 0:
+            return []
+        now = now or utcnow()
+        q = s.collection_queue
+        with self.engine.begin() as conn:
+            busy = select(q.c.lead_id).where(q.c.source == source, q.c.state == "dispatched")
+            query = (
+                select(q)
+                .where(q.c.source == source, q.c.state == "queued", q.c.not_before <= now, q.c.lead_id.not_in(busy))
+                .order_by(_queue_rank(), q.c.id)
+                .limit(limit * 4)
+            )
+            if conn.dialect.name == "postgresql":
+                query = query.with_for_update(skip_locked=True)
+            picked: list[dict[str, Any]] = []
+            seen: set[str] = set()
+            for row in conn.execute(query).mappings():
+                if row["lead_id"] not in seen:
+                    seen.add(row["lead_id"])
+                    picked.append(dict(row))
+                if len(picked) == limit:
+                    break
+            if picked:
+                conn.execute(
+                    q.update().where(q.c.id.in_([row["id"] for row in picked])).values(state="dispatched", dispatched_at=now)
+                )
+        return [_queued({**row, "state": "dispatched", "dispatched_at": now}) for row in picked]
+
+    def finish_dispatched(self, source: str, lead_id: str, *, outcome: str, now: datetime | None = None) -> int:
+        """Close every dispatched row of (source, lead), and any queued duplicate it satisfied."""
+        now = now or utcnow()
+        q = s.collection_queue
+        states = ["dispatched", "queued"] if outcome in ("ok", "empty") else ["dispatched"]
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                q.update()
+                .where(q.c.source == source, q.c.lead_id == lead_id, q.c.state.in_(states), q.c.enqueued_at <= now)
+                .values(state="done", finished_at=now, outcome=outcome)
+            )
+        return result.rowcount
+
+    def park_dispatched(self, source: str, lead_id: str, *, until: datetime, now: datetime | None = None) -> int:
+        """Put the dispatched rows of (source, lead) back in the queue, ready again at `until`."""
+        q = s.collection_queue
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                q.update()
+                .where(q.c.source == source, q.c.lead_id == lead_id, q.c.state == "dispatched")
+                .values(state="queued", not_before=until, dispatched_at=None, outcome="parked")
+            )
+        return result.rowcount
+
+    def release_stale_dispatches(self, *, older_than: datetime) -> int:
+        """Dispatched rows whose run never reported back (a lost tick, a killed worker) go back to
+        the queue; their run key is unchanged, so a run that did start is not started twice."""
+        q = s.collection_queue
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                q.update()
+                .where(q.c.state == "dispatched", q.c.dispatched_at < older_than)
+                .values(state="queued", dispatched_at=None)
+            )
+        return result.rowcount
+
 
     # -- collections and dead letters -------------------------------------------------------------
 
@@ -365,6 +504,27 @@ class StateStore:
             query = query.where(s.dead_letters.c.reason_group == reason_group)
         with self.engine.begin() as conn:
             return [DeadLetter(**row) for row in conn.execute(query).mappings()]
+
+
+# Interactive work first, then recurring, then backfill; the queue sorts on this rank.
+PRIORITY_RANK = {"interactive": 0, "recurring": 1, "backfill": 2}
+
+
+def _queue_rank():  # noqa: ANN202 - a SQL expression
+    from sqlalchemy import case
+
+    return case(PRIORITY_RANK, value=s.collection_queue.c.priority_class, else_=len(PRIORITY_RANK))
+
+
+def _queued(row: dict[str, Any]) -> QueuedCollection:
+    return QueuedCollection(**{f.name: row[f.name] for f in fields(QueuedCollection)})
+
+
+def _insert_new(conn: Connection, table: Table, rows: list[dict[str, Any]], *, keys: list[str]) -> list[Any]:
+    """Insert rows whose key is new; return the primary keys of the rows actually inserted."""
+    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    stmt = dialect_insert(table).on_conflict_do_nothing(index_elements=keys).returning(*table.primary_key.columns)
+    return [row[0] for row in conn.execute(stmt, rows)]
 
 
 def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]], *, keys: list[str], update: list[str]) -> None:

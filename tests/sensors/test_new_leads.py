@@ -1,26 +1,35 @@
-"""The new-lead sensor turns inbox rows into partitions and one interactive run per wanted source."""
+"""The new-lead sensor queues inbox leads and hands each source's backlog to Dagster within bounds."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
 import pytest
-from dagster import DagsterInstance, SensorResult, SkipReason, build_sensor_context
+from dagster import DagsterInstance, SensorResult, build_sensor_context
 
 from assets.jobs import build_source_job
 from assets.naming import job_name, pool_name
-from investigations.catalog import load_catalog
-from investigations.config import Settings
 from investigations.leads import normalize_lead
 from investigations.priority import DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, PriorityClass
+from investigations.specs import load_sources
 from investigations.store import InboxItem, StateStore
 from resources.fleet import FleetResource
-from sensors.new_leads import build_new_lead_sensor, run_requests_for
+from sensors.new_leads import build_new_lead_sensor, wanted_sources
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def world(sandbox_env):
-    settings = Settings.from_env()
-    catalog = load_catalog(settings.sources_path)
-    store = StateStore.from_url(settings.database_url)
+def world(sandbox_env, tmp_path, monkeypatch):
+    # robust gets a small backpressure bound so the tests can fill it.
+    text = (ROOT / "sources.yaml").read_text().replace("    concurrency: 3\n", "    concurrency: 3\n    max_in_flight: 2\n", 1)
+    path = tmp_path / "sources.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(path))
+    catalog = load_sources(path)
+    assert catalog.get("robust").max_in_flight == 2
+    store = StateStore.from_url(f"sqlite:///{sandbox_env / 'state.db'}")
     sensor = build_new_lead_sensor(catalog, [build_source_job(spec) for spec in catalog.sources])
     yield catalog, store, sensor, DagsterInstance.ephemeral()
     store.close()
@@ -31,13 +40,17 @@ def _evaluate(sensor, instance, cursor=None):
         return sensor(context)
 
 
+def _accept(store, values, *, webhook, sources=("robust", "flaky"), priority="interactive"):
+    leads = [normalize_lead("domain", value) for value in values]
+    store.accept_leads(webhook_id=webhook, case_id="c1", leads=leads, sources=list(sources) if sources else None,
+                       priority_class=priority)
+    return leads
+
+
 def test_inbox_rows_become_partitions_and_one_run_per_wanted_source(world) -> None:
-    catalog, store, sensor, instance = world
-    leads = [normalize_lead("domain", "example.com"), normalize_lead("username", "alice")]
-    store.accept_leads(webhook_id="w1", case_id="c1", leads=leads, sources=["robust", "flaky"],
-                       priority_class="interactive")
+    _, store, sensor, instance = world
+    leads = _accept(store, ["example.com", "example.org"], webhook="w1")
     result = _evaluate(sensor, instance)
-    assert isinstance(result, SensorResult)
     assert sorted(result.dynamic_partitions_requests[0].partition_keys) == sorted(lead.id for lead in leads)
     pairs = sorted((r.job_name, r.partition_key) for r in result.run_requests)
     assert pairs == sorted((job_name(s), lead.id) for s in ("robust", "flaky") for lead in leads)
@@ -47,33 +60,58 @@ def test_inbox_rows_become_partitions_and_one_run_per_wanted_source(world) -> No
     assert result.cursor == str(store.inbox_after(0, limit=10)[-1].id)
 
 
-def test_an_empty_inbox_skips_with_a_reason(world) -> None:
+def test_an_empty_inbox_and_backlog_skips_with_a_reason(world) -> None:
     _, _, sensor, instance = world
     result = _evaluate(sensor, instance, cursor="0")
-    assert isinstance(result, SkipReason) and "no new leads" in result.skip_message
+    assert not result.run_requests and "nothing ready in the backlog" in result.skip_reason.skip_message
 
 
-def test_rows_before_the_cursor_are_not_requested_again(world) -> None:
+def test_a_dispatched_collection_is_not_requested_again(world) -> None:
     _, store, sensor, instance = world
-    store.accept_leads(webhook_id="w1", case_id="c1", leads=[normalize_lead("domain", "example.com")],
-                       sources=None, priority_class="interactive")
+    _accept(store, ["example.com"], webhook="w1", sources=["robust"])
     first = _evaluate(sensor, instance)
-    assert isinstance(_evaluate(sensor, instance, cursor=first.cursor), SkipReason)
+    assert len(first.run_requests) == 1
+    again = _evaluate(sensor, instance, cursor="0")  # even when the inbox is read again
+    assert not again.run_requests
 
 
-def test_run_keys_are_deterministic_for_the_same_inbox_row(world) -> None:
+def test_backpressure_holds_work_in_the_backlog_and_says_why(world) -> None:
     _, store, sensor, instance = world
-    store.accept_leads(webhook_id="w1", case_id="c1", leads=[normalize_lead("domain", "example.com")],
-                       sources=None, priority_class="interactive")
-    keys_a = sorted(r.run_key for r in _evaluate(sensor, instance).run_requests)
-    keys_b = sorted(r.run_key for r in _evaluate(sensor, instance).run_requests)
-    assert keys_a == keys_b and len(set(keys_a)) == len(keys_a)
+    leads = _accept(store, [f"lead{i}.example" for i in range(5)], webhook="w1", sources=["robust"])
+    first = _evaluate(sensor, instance)
+    assert len(first.run_requests) == 2
+    held = _evaluate(sensor, instance, cursor=first.cursor)
+    assert not held.run_requests
+    assert "max_in_flight 2" in held.skip_reason.skip_message and "3 wait in the backlog" in held.skip_reason.skip_message
+    store.finish_dispatched("robust", first.run_requests[0].partition_key, outcome="ok")
+    freed = _evaluate(sensor, instance, cursor=first.cursor)
+    assert len(freed.run_requests) == 1
+    assert {r.partition_key for r in first.run_requests + freed.run_requests} < {lead.id for lead in leads}
+
+
+def test_interactive_work_is_dispatched_before_queued_backfill(world) -> None:
+    _, store, sensor, instance = world
+    _accept(store, [f"bulk{i}.example" for i in range(4)], webhook="bulk", sources=["robust"], priority="backfill")
+    (urgent,) = _accept(store, ["urgent.example"], webhook="urgent", sources=["robust"])
+    result = _evaluate(sensor, instance)
+    assert len(result.run_requests) == 2
+    first = result.run_requests[0]
+    assert first.partition_key == urgent.id and first.tags[PRIORITY_CLASS_TAG] == "interactive"
+    assert int(result.run_requests[1].tags["dagster/priority"]) == DAGSTER_PRIORITY[PriorityClass.BACKFILL]
+
+
+def test_a_stale_dispatch_is_requested_again_under_the_same_run_key(world) -> None:
+    _, store, sensor, instance = world
+    _accept(store, ["example.com"], webhook="w1", sources=["robust"])
+    (first,) = _evaluate(sensor, instance).run_requests
+    store.release_stale_dispatches(older_than=datetime.now(UTC) + timedelta(seconds=1))
+    (again,) = _evaluate(sensor, instance).run_requests
+    assert again.run_key == first.run_key
 
 
 def test_pool_limits_on_the_instance_follow_sources_yaml(world) -> None:
     catalog, store, sensor, instance = world
-    store.accept_leads(webhook_id="w1", case_id="c1", leads=[normalize_lead("domain", "example.com")],
-                       sources=None, priority_class="interactive")
+    _accept(store, ["example.com"], webhook="w1")
     _evaluate(sensor, instance)
     limits = {limit.name: limit.limit for limit in instance.event_log_storage.get_pool_limits()}
     assert all(limits[pool_name(spec.name)] == spec.concurrency for spec in catalog.sources)
@@ -81,30 +119,19 @@ def test_pool_limits_on_the_instance_follow_sources_yaml(world) -> None:
 
 def test_without_sources_a_lead_goes_to_every_source_taking_its_kind(world) -> None:
     catalog, *_ = world
-    item = _item(normalize_lead("email", "bob@example.com"), sources=None)
-    requests, skipped = run_requests_for(item, catalog)
-    assert sorted(r.job_name for r in requests) == sorted(job_name(s.name) for s in catalog.for_kind("email"))
-    assert skipped == []
+    names, skipped = wanted_sources(_item(normalize_lead("email", "bob@example.com"), sources=None), catalog)
+    assert names == [s.name for s in catalog.for_kind("email")] and skipped == []
 
 
 def test_a_wanted_source_that_cannot_take_the_lead_is_skipped_with_a_reason(world) -> None:
     catalog, *_ = world
     item = _item(normalize_lead("email", "bob@example.com"), sources=["robust", "flaky", "gone"])
-    requests, skipped = run_requests_for(item, catalog)
-    assert [r.job_name for r in requests] == [job_name("robust")]
+    names, skipped = wanted_sources(item, catalog)
+    assert names == ["robust"]
     assert any("flaky: does not take email" in s for s in skipped)
     assert any("gone: no longer in sources.yaml" in s for s in skipped)
 
 
-def test_backfill_priority_class_maps_to_a_lower_dagster_priority(world) -> None:
-    catalog, *_ = world
-    item = _item(normalize_lead("domain", "example.com"), sources=["robust"], priority="backfill")
-    (request,), _ = run_requests_for(item, catalog)
-    assert int(request.tags["dagster/priority"]) < DAGSTER_PRIORITY[PriorityClass.INTERACTIVE]
-
-
 def _item(lead, *, sources, priority="interactive") -> InboxItem:
-    from datetime import UTC, datetime
-
     return InboxItem(id=7, webhook_id="w", case_id="c", lead=lead, sources=sources, priority_class=priority,
                      received_at=datetime.now(UTC))
