@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dagster import Definitions, in_process_executor
 
+from assets.fleet import dead_letters, fleet_report_job
 from assets.jobs import build_source_job
 from assets.sources import build_source_asset
 from investigations.catalog import load_catalog
 from investigations.config import Settings
 from resources.fleet import FleetResource
+from sensors.dead_letters import dead_letter_report
 from sensors.new_leads import build_new_lead_sensor
 
 
@@ -17,9 +19,9 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     catalog = load_catalog(settings.sources_path)
     jobs = [build_source_job(spec) for spec in catalog.sources]
     return Definitions(
-        assets=[build_source_asset(spec) for spec in catalog.sources],
-        jobs=jobs,
-        sensors=[build_new_lead_sensor(catalog, jobs)],
+        assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters],
+        jobs=[*jobs, fleet_report_job],
+        sensors=[build_new_lead_sensor(catalog, jobs), dead_letter_report],
         resources={"fleet": FleetResource()},
         # One lead per run does little work; the in-process executor halves each run's overhead.
         executor=in_process_executor,

@@ -66,6 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_list.add_argument("--reason")
     dlq_list.add_argument("--json", action="store_true")
     dlq_list.set_defaults(func=_dlq_list)
+    dlq_requeue = dlq_sub.add_parser(
+        "requeue", help="queue matching dead letters for another collection (idempotent: twice queues once)"
+    )
+    dlq_requeue.add_argument("--source")
+    dlq_requeue.add_argument("--reason")
+    dlq_requeue.add_argument("--lead", help="a lead id")
+    dlq_requeue.add_argument("--all", action="store_true", help="requeue every dead letter")
+    dlq_requeue.add_argument("--priority", default="recurring", choices=["interactive", "recurring", "backfill"])
+    dlq_requeue.set_defaults(func=_dlq_requeue)
 
     fleet = sub.add_parser("fleet", help="per-source status from the fetch log")
     fleet.add_argument("--hours", type=float, default=24.0)
@@ -135,17 +144,38 @@ def _leads_add(args: argparse.Namespace) -> int:
 
 
 def _dlq_list(args: argparse.Namespace) -> int:
-    letters = _store(Settings.from_env()).dead_letters(source=args.source, reason_group=args.reason)
+    store = _store(Settings.from_env())
+    letters = store.dead_letters(source=args.source, reason_group=args.reason)
+    requeued = store.requeued_dead_letters()
     if args.json:
-        print(json.dumps([vars(letter) for letter in letters], default=str, indent=2))
+        print(json.dumps([{**vars(letter), "requeued": (letter.source, letter.lead_id) in requeued}
+                          for letter in letters], default=str, indent=2))
         return 0
     if not letters:
         print("no dead letters")
     for letter in letters:
+        mark = "  [requeued]" if (letter.source, letter.lead_id) in requeued else ""
         print(
             f"{letter.source:<12} {letter.lead_id}  {letter.reason_group:<10} status {letter.last_status} "
-            f"attempts {letter.attempts}  last {letter.last_seen.isoformat(timespec='seconds')}  {letter.last_error}"
+            f"attempts {letter.attempts}  last {letter.last_seen.isoformat(timespec='seconds')}  "
+            f"{letter.last_error}{mark}"
         )
+    return 0
+
+
+def _dlq_requeue(args: argparse.Namespace) -> int:
+    if not (args.all or args.source or args.reason or args.lead):
+        print("investigations: say which dead letters to requeue (--source, --reason, --lead) or --all",
+              file=sys.stderr)
+        return 2
+    store = _store(Settings.from_env())
+    queued = store.requeue_dead_letters(source=args.source, reason_group=args.reason, lead_id=args.lead,
+                                        priority_class=args.priority)
+    matching = len(store.dead_letters(source=args.source, reason_group=args.reason, lead_id=args.lead))
+    print(f"requeued {len(queued)} of {matching} matching dead letter(s)"
+          + (f"; {matching - len(queued)} already queued" if matching > len(queued) else ""))
+    for letter in queued:
+        print(f"  {letter.source} {letter.lead_id} ({letter.reason_group})")
     return 0
 
 

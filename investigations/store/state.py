@@ -496,12 +496,46 @@ class StateStore:
             _upsert(conn, s.dead_letters, [row], keys=["source", "lead_id"],
                     update=["reason_group", "last_status", "attempts", "last_error", "last_seen"])
 
-    def dead_letters(self, *, source: str | None = None, reason_group: str | None = None) -> list[DeadLetter]:
+    def requeue_dead_letters(
+        self,
+        *,
+        source: str | None = None,
+        reason_group: str | None = None,
+        lead_id: str | None = None,
+        priority_class: str = "recurring",
+        now: datetime | None = None,
+    ) -> list[DeadLetter]:
+        """Queue the matching dead letters for another collection; return the ones newly queued.
+
+        Idempotent: the queue origin names the failure (its last_seen), so requeueing twice queues
+        once, while a letter that failed again after its requeue can be requeued again.
+        """
+        queued = []
+        for letter in self.dead_letters(source=source, reason_group=reason_group, lead_id=lead_id):
+            origin = f"requeue:{letter.last_seen.isoformat()}"
+            if self.enqueue([(letter.source, letter.lead_id)], origin=origin, priority_class=priority_class, now=now):
+                queued.append(letter)
+        return queued
+
+    def requeued_dead_letters(self) -> set[tuple[str, str]]:
+        """(source, lead) pairs whose dead letter has a requeued collection still waiting or running."""
+        q = s.collection_queue
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(q.c.source, q.c.lead_id).where(q.c.origin.like("requeue:%"), q.c.state != "done")
+            ).all()
+        return {(row.source, row.lead_id) for row in rows}
+
+    def dead_letters(
+        self, *, source: str | None = None, reason_group: str | None = None, lead_id: str | None = None
+    ) -> list[DeadLetter]:
         query = select(s.dead_letters).order_by(s.dead_letters.c.last_seen.desc(), s.dead_letters.c.source)
         if source:
             query = query.where(s.dead_letters.c.source == source)
         if reason_group:
             query = query.where(s.dead_letters.c.reason_group == reason_group)
+        if lead_id:
+            query = query.where(s.dead_letters.c.lead_id == lead_id)
         with self.engine.begin() as conn:
             return [DeadLetter(**row) for row in conn.execute(query).mappings()]
 

@@ -1,0 +1,43 @@
+"""The `investigations` command reads the state store an operator points it at."""
+
+from __future__ import annotations
+
+import pytest
+
+from investigations.cli import main
+from investigations.store import StateStore
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("INVESTIGATIONS_DATA_DIR", str(tmp_path))
+    store = StateStore.from_url(f"sqlite:///{tmp_path / 'state.db'}")
+    store.put_dead_letter(source="flaky", lead_id="domain-1", reason_group="transient", last_status=503,
+                          attempts=4, last_error="HTTP 503 (exhausted 4 attempts)")
+    return store
+
+
+def test_dlq_list_shows_reason_status_and_attempts(state, capsys) -> None:
+    assert main(["dlq", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "flaky" in out and "domain-1" in out and "transient" in out and "attempts 4" in out
+
+
+def test_dlq_requeue_twice_queues_once_and_says_so(state, capsys) -> None:
+    assert main(["dlq", "requeue", "--source", "flaky"]) == 0
+    assert "requeued 1 of 1" in capsys.readouterr().out
+    assert main(["dlq", "requeue", "--source", "flaky"]) == 0
+    assert "requeued 0 of 1 matching dead letter(s); 1 already queued" in capsys.readouterr().out
+    assert state.queue_depths()["flaky"]["ready"] == 1
+    main(["dlq", "list"])
+    assert "[requeued]" in capsys.readouterr().out
+
+
+def test_dlq_requeue_without_a_filter_refuses(state, capsys) -> None:
+    assert main(["dlq", "requeue"]) == 2
+    assert "--all" in capsys.readouterr().err
+
+
+def test_leads_add_rejects_a_private_address_with_a_clear_error(state, capsys) -> None:
+    assert main(["leads", "add", "ip", "10.0.0.1", "--case", "c1"]) == 2
+    assert "private address" in capsys.readouterr().err
