@@ -1,0 +1,211 @@
+"""Rate lanes: GCRA pacing shared by every run and process through the state store.
+
+A lane ("source:<name>" or "identity:<source>:<identity>") keeps one row: the theoretical arrival
+time (TAT) of its next request, a Retry-After floor and an AIMD factor on its configured rate. A
+request reserves a slot on every lane it travels on, in one transaction, and then sleeps until the
+latest of those slots: the database, not any one process, decides who goes when.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import ColumnElement, Connection, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from investigations.events import Outcome
+from investigations.pacing import aimd
+from investigations.pacing.jitter import GapSampler
+from investigations.store import schema as s
+from investigations.store.state import StateStore
+
+if TYPE_CHECKING:  # specs pull in pydantic; pacing only needs their attributes at run time
+    from investigations.specs import SourceSpec, ThrottleSpec
+
+_T = s.rate_lanes
+
+
+@dataclass(frozen=True)
+class LaneSpec:
+    """A lane's name and configured limits: `rate_per_s` on average, up to `burst` back to back."""
+
+    name: str
+    rate_per_s: float
+    burst: int
+
+    def __post_init__(self) -> None:
+        if self.rate_per_s <= 0:
+            raise ValueError(f"lane {self.name!r}: rate_per_s ({self.rate_per_s}) must be > 0")
+        if self.burst < 1:
+            raise ValueError(f"lane {self.name!r}: burst ({self.burst}) must be >= 1")
+
+
+def source_lane(spec: SourceSpec) -> LaneSpec:
+    """The lane every request to the source shares, whatever identity it goes out as."""
+    return LaneSpec(f"source:{spec.name}", spec.rate.source_per_s, spec.rate.source_burst)
+
+
+def identity_lane(spec: SourceSpec, identity_id: str) -> LaneSpec:
+    """The lane of one identity on one source: what the source sees from that one visitor."""
+    return LaneSpec(f"identity:{spec.name}:{identity_id}", spec.rate.identity_per_s, spec.rate.identity_burst)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Whether a slot was reserved and how long to sleep before sending (the wait if refused)."""
+
+    granted: bool
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class LaneState:
+    """One row of `rate_lanes`."""
+
+    lane: str
+    tat_s: float
+    not_before_s: float
+    rate_factor: float
+    updated_at_s: float
+
+
+@dataclass(frozen=True)
+class _Slot:
+    lane: LaneSpec
+    start_s: float  # the lane's GCRA start: max(tat, now, not_before)
+    gap_s: float  # what this request added to the lane's TAT
+    send_at_s: float  # the earliest moment this lane lets the request go
+
+
+class RateLanes:
+    """GCRA rate lanes in the state store, with heavy-tailed gaps and AIMD on throttle signals."""
+
+    def __init__(
+        self, store: StateStore, *, sampler: GapSampler, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._store = store
+        self._sampler = sampler
+        self._clock = clock
+
+    def reserve(self, lanes: Sequence[LaneSpec], *, max_wait_s: float) -> Reservation:
+        """Reserve the next slot on every lane in one transaction; the caller sleeps `wait_s`, then sends.
+
+        Per lane: interval = 1 / (rate x factor), burst tolerance tau = (burst - 1) x interval,
+        start = max(tat, now, not_before), wait = max(0, start - tau - now, not_before - now), and the
+        TAT moves to start + a jittered gap. When the longest wait over the lanes exceeds `max_wait_s`
+        nothing is reserved (rolled back) and `granted` is False, so the caller can park the work
+        instead of holding a worker asleep.
+        """
+        ordered = _unique_sorted(lanes)
+        if not ordered:
+            return Reservation(granted=True, wait_s=0.0)
+        now = self._clock()
+        with self._store.engine.connect() as conn, conn.begin() as tx:
+            slots = [self._take_slot(conn, lane, now) for lane in ordered]
+            send_at = max(slot.send_at_s for slot in slots)
+            wait = send_at - now
+            if wait > max_wait_s:
+                tx.rollback()
+                return Reservation(granted=False, wait_s=wait)
+            for slot in slots:
+                # A lane held back by a slower one sees the request when it really leaves (GCRA
+                # arrival time), else its next slot would fall right on top of this send.
+                if send_at > slot.start_s:
+                    held_back = update(_T).where(_T.c.lane == slot.lane.name)
+                    conn.execute(held_back.values(tat_s=send_at + slot.gap_s))
+        return Reservation(granted=True, wait_s=wait)
+
+    def feedback(
+        self,
+        lanes: Sequence[LaneSpec],
+        *,
+        outcome: Outcome,
+        timed_out: bool = False,
+        retry_after_s: float | None,
+        throttle: ThrottleSpec,
+    ) -> None:
+        """Tell the lanes how a request went: throttle signals cut the rate, successes restore it.
+
+        One atomic statement per lane. A Retry-After is a hard floor: nothing leaves the lane before
+        now + retry_after_s, whatever burst is left.
+        """
+        now = self._clock()
+        throttled = aimd.is_throttle_signal(outcome, timed_out=timed_out)
+        succeeded = outcome is Outcome.OK and not timed_out
+        floor = now + retry_after_s if retry_after_s is not None and retry_after_s > 0 else None
+        if not (throttled or succeeded or floor is not None):
+            return  # nothing to learn from it: leave the row alone rather than write a no-op
+        with self._store.engine.begin() as conn:
+            greatest, least = _max_min(conn)
+            changes: dict[str, Any] = {"updated_at_s": now}
+            first_factor = 1.0  # a lane's first row, when the feedback comes before any reservation
+            if throttled:  # the SQL twin of aimd.decrease
+                cut = _T.c.rate_factor * throttle.decrease_factor
+                changes["rate_factor"] = greatest(throttle.min_factor, cut)
+                first_factor = aimd.decrease(1.0, throttle)
+            elif succeeded:  # the SQL twin of aimd.increase
+                changes["rate_factor"] = least(1.0, _T.c.rate_factor + throttle.increase_step)
+                first_factor = aimd.increase(1.0, throttle)
+            if floor is not None:
+                changes["not_before_s"] = greatest(_T.c.not_before_s, floor)
+            # Sorted like reserve(), so two transactions never lock the same lanes in opposite orders.
+            for lane in _unique_sorted(lanes):
+                row = {"lane": lane.name, "tat_s": now, "not_before_s": floor or 0.0,
+                       "rate_factor": first_factor, "updated_at_s": now}
+                stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=changes)
+                conn.execute(stmt)
+
+    def state(self, name: str) -> LaneState | None:
+        """The stored state of one lane, or None before its first request."""
+        with self._store.engine.begin() as conn:
+            row = conn.execute(select(_T).where(_T.c.lane == name)).mappings().first()
+        return LaneState(**row) if row else None
+
+    def all_states(self) -> list[LaneState]:
+        """Every lane's stored state, by name (for the fleet status and the CLI)."""
+        with self._store.engine.begin() as conn:
+            return [LaneState(**row) for row in conn.execute(select(_T).order_by(_T.c.lane)).mappings()]
+
+    def _take_slot(self, conn: Connection, lane: LaneSpec, now: float) -> _Slot:
+        # One unit draw, scaled inside the statement by the factor the row holds at that moment: the
+        # gap is linear in the interval, and reading the factor first would be a race.
+        unit = self._sampler.gap_s(1.0)
+        greatest, _ = _max_min(conn)
+        first = {"lane": lane.name, "tat_s": now + unit / lane.rate_per_s, "not_before_s": 0.0,
+                 "rate_factor": 1.0, "updated_at_s": now}
+        gcra_start = greatest(_T.c.tat_s, now, _T.c.not_before_s)
+        stmt = (
+            _insert(conn)
+            .values(first)
+            .on_conflict_do_update(
+                index_elements=[_T.c.lane],
+                set_={"tat_s": gcra_start + unit / (lane.rate_per_s * _T.c.rate_factor), "updated_at_s": now},
+            )
+            .returning(_T.c.tat_s, _T.c.not_before_s, _T.c.rate_factor)
+        )
+        tat, not_before, factor = conn.execute(stmt).one()
+        interval = 1.0 / (lane.rate_per_s * factor)
+        gap = unit * interval
+        start = tat - gap
+        tau = (lane.burst - 1) * interval
+        # The burst tolerance lets a request go up to tau before its slot; Retry-After is a hard floor.
+        return _Slot(lane=lane, start_s=start, gap_s=gap, send_at_s=max(now, start - tau, not_before))
+
+
+def _unique_sorted(lanes: Sequence[LaneSpec]) -> list[LaneSpec]:
+    # Lanes are locked in name order so concurrent reservations cannot deadlock on Postgres.
+    return sorted({lane.name: lane for lane in reversed(lanes)}.values(), key=lambda lane: lane.name)
+
+
+def _insert(conn: Connection) -> Any:
+    return (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(_T)
+
+
+def _max_min(conn: Connection) -> tuple[Callable[..., ColumnElement[Any]], Callable[..., ColumnElement[Any]]]:
+    # SQLite's scalar max()/min() take several arguments; Postgres calls them GREATEST/LEAST.
+    if conn.dialect.name == "postgresql":
+        return func.greatest, func.least
+    return func.max, func.min
