@@ -18,3 +18,8 @@ def pool_name(source: str) -> str:
 
 def job_name(source: str) -> str:
     return f"collect_{source}"
+
+
+def op_name(source: str) -> str:
+    # Not job_name(): ops and jobs share one namespace in a code location.
+    return f"sources__{source}"

@@ -1,30 +1,41 @@
-"""One partitioned asset per source, built from its spec: the collection of a lead is a partition."""
+"""One partitioned asset per source, built from its spec: the collection of a lead is a partition.
+
+A run collects one lead (interactive work) or a batch of leads (a partition range: recurring crawls
+and backfills), up to the source's concurrency at once. Each lead gets its own materialization and
+check result, so the UI shows per-lead state whichever way it was collected.
+"""
 
 import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 from dagster import (
-    AssetCheckResult,
+    AssetCheckEvaluation,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
+    AssetMaterialization,
     AssetsDefinition,
+    AssetSpec,
     Backoff,
-    DataVersion,
+    BackfillPolicy,
     Failure,
     Jitter,
-    MaterializeResult,
     MetadataValue,
     PreviewWarning,
     RetryPolicy,
-    asset,
+    multi_asset,
 )
 
-from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, pool_name, source_asset_key
+from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, source_asset_key
 from assets.partitions import leads_partitions
-from investigations.collect import CollectionFailed, CollectionResult
+from investigations.collect import CollectionFailed, CollectionParked, CollectionResult
 from investigations.specs import SourceSpec
 from resources.fleet import FleetResource
+
+# A backfill run collects this many leads; at the source's permitted rate that is a couple of minutes.
+BACKFILL_SECONDS_PER_RUN = 120
 
 
 def retry_policy_for(spec: SourceSpec) -> RetryPolicy:
@@ -37,25 +48,48 @@ def retry_policy_for(spec: SourceSpec) -> RetryPolicy:
     )
 
 
-def empty_check_result(spec: SourceSpec, result: CollectionResult) -> AssetCheckResult:
+def backfill_policy_for(spec: SourceSpec) -> BackfillPolicy:
+    """Backfills run as chunks of leads sized to finish in about two minutes at the permitted rate."""
+    per_run = max(1, int(spec.rate.source_per_s * BACKFILL_SECONDS_PER_RUN))
+    return BackfillPolicy.multi_run(max_partitions_per_run=per_run)
+
+
+def empty_check(spec: SourceSpec, lead_id: str, records: int, sample_keys: list[str]) -> AssetCheckEvaluation:
     """Fail (ERROR) when the source answered but gave fewer records than it is expected to.
 
     A source that starts answering 200 with nothing in it looks healthy on every status code; this
     is the check that keeps such an answer from being trusted.
     """
-    passed = result.records >= spec.expected_min_records
-    return AssetCheckResult(
+    passed = records >= spec.expected_min_records
+    return AssetCheckEvaluation(
+        asset_key=source_asset_key(spec.name),
         check_name=EMPTY_CHECK_NAME,
         passed=passed,
         severity=AssetCheckSeverity.ERROR,
+        partition=lead_id,
         description=None if passed else (
-            f"{spec.name} answered with {result.records} record(s); at least "
-            f"{spec.expected_min_records} expected. The source may be silently empty or blocking."
+            f"{spec.name} answered with {records} record(s); at least {spec.expected_min_records} expected. "
+            "The source may be silently empty or blocking."
         ),
         metadata={
-            "records": result.records,
+            "records": records,
             "expected_min_records": spec.expected_min_records,
-            "sample_record_keys": MetadataValue.json(result.sample_keys),
+            "sample_record_keys": MetadataValue.json(sample_keys),
+        },
+    )
+
+
+def materialization(spec: SourceSpec, result: CollectionResult) -> AssetMaterialization:
+    return AssetMaterialization(
+        asset_key=source_asset_key(spec.name),
+        partition=result.lead_id,
+        metadata={
+            "records": result.records,
+            "outcome": result.outcome,
+            "changed": result.changed,
+            "requests": result.requests,
+            "path": MetadataValue.path(result.path),
+            "content_hash": result.content_hash,
         },
     )
 
@@ -74,52 +108,78 @@ def _empty_check_spec(spec: SourceSpec, key: AssetKey) -> AssetCheckSpec:
 
 
 def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
-    """The partitioned asset collecting `spec` for one lead per partition."""
+    """The partitioned asset collecting `spec`, one lead per partition."""
     key = source_asset_key(spec.name)
 
-    @asset(
-        key=key,
+    # A multi_asset of one spec because it may end without materializing (a parked collection is
+    # not a failure) and its check may run alone against what is stored (can_subset).
+    @multi_asset(
+        name=op_name(spec.name),
+        specs=[
+            AssetSpec(
+                key,
+                group_name=SOURCE_GROUP,
+                kinds={"parquet"},
+                skippable=True,
+                partitions_def=leads_partitions,
+                description=spec.description or f"Records collected from {spec.name}, one partition per lead.",
+                tags={"investigations/source": spec.name},
+                metadata={
+                    "adapter": spec.adapter,
+                    "lead_kinds": MetadataValue.json(list(spec.lead_kinds)),
+                    "rate_per_s": spec.rate.source_per_s,
+                    "concurrency": spec.concurrency,
+                    "expected_min_records": spec.expected_min_records,
+                },
+            )
+        ],
+        check_specs=[_empty_check_spec(spec, key)],
         partitions_def=leads_partitions,
+        can_subset=True,
         pool=pool_name(spec.name),
         retry_policy=retry_policy_for(spec),
-        group_name=SOURCE_GROUP,
-        kinds={"parquet"},
-        description=spec.description or f"Records collected from {spec.name}, one partition per lead.",
-        tags={"investigations/source": spec.name},
-        metadata={
-            "adapter": spec.adapter,
-            "lead_kinds": MetadataValue.json(list(spec.lead_kinds)),
-            "rate_per_s": spec.rate.source_per_s,
-            "concurrency": spec.concurrency,
-            "expected_min_records": spec.expected_min_records,
-        },
-        check_specs=[_empty_check_spec(spec, key)],
+        backfill_policy=backfill_policy_for(spec),
     )
-    def _collect(context: AssetExecutionContext, fleet: FleetResource) -> MaterializeResult:
-        try:
-            result = fleet.collect(spec.name, context.partition_key, run_id=context.run.run_id)
-        except CollectionFailed as failed:
-            # Permanent failures (4xx, unparseable, refused) are not worth a step retry.
+    def _collect(context: AssetExecutionContext, fleet: FleetResource) -> Iterator:
+        lead_ids = list(context.partition_keys)
+        if key not in context.selected_asset_keys:
+            # The check alone: judge what is stored, without asking the source again.
+            for lead_id in lead_ids:
+                stored = fleet.store.collection(spec.name, lead_id)
+                yield empty_check(spec, lead_id, stored.records if stored else 0, [])
+            return
+        failures: list[CollectionFailed] = []
+        with ThreadPoolExecutor(max_workers=min(spec.concurrency, len(lead_ids)),
+                                thread_name_prefix=f"collect-{spec.name}") as pool:
+            outcomes = list(pool.map(lambda lead: _collect_one(fleet, spec, lead, context.run.run_id), lead_ids))
+        for lead_id, outcome in zip(lead_ids, outcomes):
+            if isinstance(outcome, CollectionResult):
+                yield materialization(spec, outcome)
+                yield empty_check(spec, lead_id, outcome.records, outcome.sample_keys)
+            elif isinstance(outcome, CollectionParked):
+                context.log.warning(f"{outcome}; back in the queue")
+            else:
+                context.log.error(str(outcome))
+                failures.append(outcome)
+        if failures:
+            # A permanent failure (4xx, unparseable, refused) is not worth a step retry.
             raise Failure(
-                description=str(failed),
+                description=f"{len(failures)} of {len(lead_ids)} collection(s) of {spec.name} failed: {failures[0]}",
                 metadata={
-                    "reason_group": failed.reason_group,
-                    "last_status": failed.last_status if failed.last_status is not None else -1,
-                    "attempts": failed.attempts,
+                    "failed_leads": MetadataValue.json([f.lead_id for f in failures]),
+                    "reason_groups": MetadataValue.json(sorted({f.reason_group for f in failures})),
+                    "last_status": failures[0].last_status if failures[0].last_status is not None else -1,
                 },
-                allow_retries=failed.retryable,
-            ) from None
-        return MaterializeResult(
-            metadata={
-                "records": result.records,
-                "outcome": result.outcome,
-                "changed": result.changed,
-                "requests": result.requests,
-                "path": MetadataValue.path(result.path),
-                "content_hash": result.content_hash,
-            },
-            check_results=[empty_check_result(spec, result)],
-            data_version=DataVersion(result.content_hash),
-        )
+                allow_retries=any(f.retryable for f in failures),
+            )
 
     return _collect
+
+
+def _collect_one(
+    fleet: FleetResource, spec: SourceSpec, lead_id: str, run_id: str
+) -> CollectionResult | CollectionParked | CollectionFailed:
+    try:
+        return fleet.collect(spec.name, lead_id, run_id=run_id)
+    except (CollectionParked, CollectionFailed) as outcome:
+        return outcome

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import NoReturn
 from datetime import datetime
 
 from investigations.adapters import ParseError, ParsedRecord, build_adapter
-from investigations.fetcher import Fetcher, FetchFailed
+from investigations.fetcher import Fetcher, FetchFailed, FetchParked
+from investigations.pacing import Circuits
 from investigations.records import RecordStore
-from investigations.specs import SourceCatalog
+from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore, utcnow
 
 
@@ -50,6 +52,21 @@ class CollectionFailed(Exception):
         return self.reason_group not in ("permanent", "refused", "unknown_lead")
 
 
+class CollectionParked(Exception):
+    """The collection waits (circuit open, or the source kept throttling) and is back in the queue."""
+
+    def __init__(self, *, source: str, lead_id: str, retry_in_s: float, reason: str) -> None:
+        super().__init__(f"{source}/{lead_id}: parked for {retry_in_s:.0f} s: {reason}")
+        self.source = source
+        self.lead_id = lead_id
+        self.retry_in_s = retry_in_s
+        self.reason = reason
+
+
+# Failures that say something about the source (its circuit), not about the lead.
+SOURCE_FAILURES = frozenset({"transient", "throttled", "blocked"})
+
+
 class Collector:
     """Runs collections with one fetcher; the caller owns (and closes) the fetcher and stores."""
 
@@ -60,28 +77,41 @@ class Collector:
         store: StateStore,
         records: RecordStore,
         fetcher: Fetcher,
+        circuits: Circuits | None = None,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self.catalog = catalog
         self.store = store
         self.records = records
         self.fetcher = fetcher
+        self.circuits = circuits
         self.now = now
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None) -> CollectionResult:
-        """Collect one (source, lead); raise CollectionFailed after recording a dead letter."""
+        """Collect one (source, lead).
+
+        Raises CollectionFailed after recording a dead letter, or CollectionParked after putting the
+        collection back in the queue (circuit open, throttled too long).
+        """
         spec = self.catalog.get(source)
         lead = self.store.get_lead(lead_id)
         if lead is None or not spec.accepts(lead.kind):
             why = "is not in the state store" if lead is None else f"is a {lead.kind} lead, which {source} does not take"
             self._fail(source, lead_id, run_id, reason_group="unknown_lead", last_status=None, attempts=0,
                        last_error=f"lead {lead_id} {why}")
+        if self.circuits is not None:
+            decision = self.circuits.allow(source, spec.circuit)
+            if not decision.allowed:
+                self._park(source, lead_id, retry_in_s=decision.retry_in_s, reason=decision.reason)
         adapter = build_adapter(spec)
         found: list[ParsedRecord] = []
         requests = 0
         for planned in adapter.requests_for(lead):
             try:
                 response = self.fetcher.fetch(spec, planned, lead_id=lead_id, run_id=run_id)
+            except FetchParked as parked:
+                self._record_circuit(spec, success=False)
+                self._park(source, lead_id, retry_in_s=parked.retry_in_s, reason=parked.reason)
             except FetchFailed as failed:
                 self._fail(source, lead_id, run_id, reason_group=failed.reason_group,
                            last_status=failed.last_status, attempts=requests + failed.attempts,
@@ -99,6 +129,7 @@ class Collector:
                                      content_hash=written.content_hash, path=str(written.path), run_id=run_id,
                                      now=now)
         self.store.finish_dispatched(source, lead_id, outcome=outcome, now=now)
+        self._record_circuit(spec, success=True)
         return CollectionResult(
             source=source,
             lead_id=lead_id,
@@ -112,7 +143,17 @@ class Collector:
             sample_keys=sorted(r.key for r in found)[:5],
         )
 
+    def _record_circuit(self, spec: SourceSpec, *, success: bool) -> None:
+        if self.circuits is not None:
+            self.circuits.record(spec.name, spec.circuit, success=success)
+
+    def _park(self, source: str, lead_id: str, *, retry_in_s: float, reason: str) -> NoReturn:
+        self.store.park_dispatched(source, lead_id, until=self.now() + timedelta(seconds=retry_in_s))
+        raise CollectionParked(source=source, lead_id=lead_id, retry_in_s=retry_in_s, reason=reason)
+
     def _fail(self, source: str, lead_id: str, run_id: str | None, **reason: object) -> NoReturn:
+        if reason["reason_group"] in SOURCE_FAILURES:
+            self._record_circuit(self.catalog.get(source), success=False)
         now = self.now()
         self.store.put_dead_letter(source=source, lead_id=lead_id, now=now, **reason)  # type: ignore[arg-type]
         self.store.record_collection(source=source, lead_id=lead_id, outcome="failed", records=0,

@@ -19,9 +19,10 @@ from urllib.parse import unquote_plus, urljoin, urlsplit, urlunsplit
 
 import httpx
 
-from investigations.classify import classify, next_step, parse_retry_after_s
+from investigations.classify import backoff_delay_s, classify, next_step, parse_retry_after_s
 from investigations.events import FetchEvent, Outcome
 from investigations.netguard import private_reason, resolved_private_reason
+from investigations.pacing import LaneSpec, RateLanes, identity_lane, source_lane
 from investigations.specs import SourceSpec
 
 if TYPE_CHECKING:  # adapters import redact_url from here; the dependency stays one-way at runtime
@@ -63,6 +64,18 @@ class FetchFailed(Exception):
         self.last_error = last_error
 
 
+class FetchParked(Exception):
+    """The source kept throttling (or its lane stayed full) past `throttle.park_after_s`: the work
+    should wait `retry_in_s` and come back, not fail. No retry attempt was spent on 429s."""
+
+    def __init__(self, retry_in_s: float, last_status: int | None, requests: int, reason: str) -> None:
+        super().__init__(f"parked for {retry_in_s:.0f} s after {requests} request(s): {reason}")
+        self.retry_in_s = retry_in_s
+        self.last_status = last_status
+        self.requests = requests
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class _Attempt:
     """What one attempt did, before the retry decision."""
@@ -75,6 +88,7 @@ class _Attempt:
     latency_ms: float
     error: str | None
     refused: bool = False
+    timed_out: bool = False
 
 
 def redact_url(url: str) -> str:
@@ -124,8 +138,12 @@ class Fetcher:
         transport: httpx.BaseTransport | None = None,
         max_redirects: int = 5,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        lanes: RateLanes | None = None,
+        max_lane_wait_s: float = 30.0,
     ) -> None:
         self._sink = sink
+        self._lanes = lanes
+        self._max_lane_wait_s = max_lane_wait_s
         self.identity_id = identity_id
         self._rng = rng or random.Random()
         self._sleep = sleep
@@ -159,10 +177,15 @@ class Fetcher:
         Returns the first OK answer; raises FetchFailed when the policy gives up or the target is
         refused. Every attempt is recorded through the sink, whatever its outcome.
         """
-        attempt = 0
+        lanes = [source_lane(spec), identity_lane(spec, self.identity_id)]
+        attempt = 0  # attempts that spend the retry budget (a 429 does not)
+        sent = 0
+        throttled = 0
+        park_at = None  # when a run of throttling answers turns into parking
         while True:
-            attempt += 1
-            result = self._attempt(spec, request, attempt=attempt)
+            self._wait_for_lanes(spec, lanes, park_at)
+            sent += 1
+            result = self._attempt(spec, request, attempt=sent)
             self._sink.record_fetch(
                 FetchEvent(
                     source=spec.name,
@@ -174,23 +197,56 @@ class Fetcher:
                     outcome=result.outcome,
                     latency_ms=result.latency_ms,
                     bytes=len(result.body),
-                    attempt=attempt,
+                    attempt=sent,
                     at=self._now(),
                     run_id=run_id,
                     error=result.error,
                 )
             )
             if result.refused:
-                raise FetchFailed("refused", result.status, attempt, result.error or "refused")
+                raise FetchFailed("refused", result.status, sent, result.error or "refused")
             retry_after_s = parse_retry_after_s(result.headers.get("retry-after"), now=self._now())
+            if self._lanes is not None:
+                self._lanes.feedback(lanes, outcome=result.outcome, timed_out=result.timed_out,
+                                     retry_after_s=retry_after_s, throttle=spec.throttle)
+            if result.status == 429:
+                # Being told to slow down is not the collection failing: wait (Retry-After is a floor,
+                # the lane already slowed) without spending an attempt, until it lasts too long.
+                throttled += 1
+                park_at = park_at if park_at is not None else self._clock() + spec.throttle.park_after_s
+                delay_s = max(retry_after_s or 0.0, backoff_delay_s(
+                    throttled, base_delay_s=spec.retry.base_delay_s, max_delay_s=spec.retry.max_delay_s, rng=self._rng))
+                if self._clock() + delay_s >= park_at:
+                    raise FetchParked(max(delay_s, spec.throttle.park_after_s / 4), 429, sent,
+                                      f"throttled {throttled} time(s) in {spec.throttle.park_after_s:.0f} s")
+                self._sleep(delay_s)
+                continue
+            park_at, throttled = None, 0
+            attempt += 1
             step = next_step(result.outcome, attempt=attempt, retry=spec.retry, retry_after_s=retry_after_s, rng=self._rng)
             if step.action == "done":
                 assert result.status is not None  # OK always comes with a status
-                return FetchResult(result.status, result.body, result.url, attempt, result.latency_ms, result.headers)
+                return FetchResult(result.status, result.body, result.url, sent, result.latency_ms, result.headers)
             if step.action == "give_up":
                 error = result.error or f"HTTP {result.status}"
-                raise FetchFailed(result.outcome.value, result.status, attempt, f"{error} ({step.reason})")
+                raise FetchFailed(result.outcome.value, result.status, sent, f"{error} ({step.reason})")
             self._sleep(step.delay_s)
+
+    def _wait_for_lanes(self, spec: SourceSpec, lanes: list[LaneSpec], park_at: float | None) -> None:
+        """Sleep until the source's and the identity's lanes let one more request out."""
+        if self._lanes is None:
+            return
+        give_up_at = park_at if park_at is not None else self._clock() + spec.throttle.park_after_s
+        while True:
+            reservation = self._lanes.reserve(lanes, max_wait_s=self._max_lane_wait_s)
+            if reservation.granted:
+                self._sleep(reservation.wait_s)
+                return
+            if self._clock() + reservation.wait_s >= give_up_at:
+                raise FetchParked(reservation.wait_s, None, 0, f"rate lane full for {reservation.wait_s:.0f} s")
+            # Nothing was reserved: wait part of the way and ask again, so a lane that speeds up
+            # (AIMD recovering) is used as soon as it does.
+            self._sleep(min(reservation.wait_s, self._max_lane_wait_s) / 2)
 
     def _attempt(self, spec: SourceSpec, request: PlannedRequest, *, attempt: int) -> _Attempt:
         """One attempt: the request and its redirects, each hop guarded. Never raises for HTTP trouble."""
@@ -214,7 +270,8 @@ class Fetcher:
                 status, response_headers, body, error = self._send(method, url, headers, timeout_s=spec.timeout_s)
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 error = _redact_text(f"{type(exc).__name__}: {exc}")
-                return _Attempt(url, None, classify(None, exc), b"", {}, elapsed_ms(), error)
+                timed_out = isinstance(exc, httpx.TimeoutException)
+                return _Attempt(url, None, classify(None, exc), b"", {}, elapsed_ms(), error, timed_out=timed_out)
             location = response_headers.get("location")
             if status in _REDIRECTS and location:
                 if hop == self._max_redirects:

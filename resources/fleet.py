@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
@@ -11,6 +12,7 @@ from investigations.catalog import load_catalog
 from investigations.collect import CollectionResult, Collector
 from investigations.config import Settings
 from investigations.fetcher import Fetcher
+from investigations.pacing import Circuits, GapSampler, RateLanes
 from investigations.records import RecordStore
 from investigations.specs import SourceCatalog
 from investigations.store import StateStore
@@ -56,9 +58,12 @@ class FleetResource(ConfigurableResource):
         return RecordStore(self.settings().records_dir)
 
     def collector(self) -> Collector:
+        """The engine's collector, pacing every request through the shared rate lanes and circuits."""
         if self._fetcher is None:
-            self._fetcher = Fetcher(sink=self.store)
-        return Collector(catalog=self.catalog, store=self.store, records=self.records, fetcher=self._fetcher)
+            lanes = RateLanes(self.store, sampler=GapSampler(random.Random()))
+            self._fetcher = Fetcher(sink=self.store, lanes=lanes)
+        return Collector(catalog=self.catalog, store=self.store, records=self.records, fetcher=self._fetcher,
+                         circuits=Circuits(self.store))
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None) -> CollectionResult:
         """Collect one (source, lead) partition; see investigations.collect.Collector.collect."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dagster import Backoff, Jitter
+from dagster import Backoff, Definitions, Jitter
 
 from assets.naming import job_name, pool_name, source_asset_key
 from definitions import build_definitions
@@ -32,7 +32,9 @@ def test_retry_policy_comes_from_the_source_entry(sandbox_env) -> None:
     assert policy.backoff == Backoff.EXPONENTIAL and policy.jitter == Jitter.FULL
 
 
-def test_module_level_defs_is_what_the_workspace_loads() -> None:
+def test_module_level_defs_load_as_the_code_server_loads_them() -> None:
     import definitions
 
+    # What a code server does on start: every job, asset and sensor resolved, names checked unique.
+    Definitions.validate_loadable(definitions.defs)
     assert definitions.defs.resolve_sensor_def("new_leads") is not None

@@ -6,12 +6,14 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from dagster import AssetCheckSeverity, DagsterInstance, materialize
+from dagster import AssetCheckSeverity, AssetSelection, DagsterInstance, Definitions, define_asset_job, materialize
 
+from assets.naming import source_asset_key
 from assets.sources import build_source_asset
 from investigations.catalog import load_catalog
 from investigations.config import Settings
 from investigations.leads import normalize_lead
+from investigations.pacing import Circuits
 from investigations.specs import parse_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
@@ -91,3 +93,53 @@ def test_a_source_that_keeps_failing_fails_the_run_and_leaves_a_dead_letter(worl
     assert not result.success
     (letter,) = store.dead_letters(source="closed")
     assert letter.lead_id == lead.id and letter.reason_group == "transient" and letter.attempts == 2
+
+
+def test_a_batch_run_collects_every_lead_of_a_partition_range(world) -> None:
+    settings, lead, instance, store = world
+    others = [normalize_lead("domain", f"batch{i}.example") for i in range(3)]
+    for other in others:
+        store.add_lead(other, case_id="case-1")
+    instance.add_dynamic_partitions("leads", [other.id for other in others])
+    spec = load_catalog(settings.sources_path).get("robust")
+    result = materialize(
+        [build_source_asset(spec)],
+        instance=instance,
+        tags={"dagster/asset_partition_range_start": lead.id, "dagster/asset_partition_range_end": others[-1].id},
+        resources={"fleet": FleetResource()},
+    )
+    mats = result.asset_materializations_for_node("sources__robust")
+    assert sorted(m.partition for m in mats) == sorted([lead.id, *(o.id for o in others)])
+    checks = result.get_asset_check_evaluations()
+    assert sorted(c.partition for c in checks) == sorted(m.partition for m in mats) and all(c.passed for c in checks)
+
+
+def test_a_collection_whose_circuit_is_open_is_parked_not_failed(world) -> None:
+    settings, lead, instance, store = world
+    spec = load_catalog(settings.sources_path).get("robust")
+    circuits = Circuits(store)
+    for _ in range(spec.circuit.failure_threshold):
+        circuits.record("robust", spec.circuit, success=False)
+    store.enqueue([("robust", lead.id)], origin="test", priority_class="interactive")
+    store.dispatch("robust", limit=1)
+    result = _materialize(spec, lead, instance)
+    assert result.success
+    assert result.asset_materializations_for_node("sources__robust") == []
+    assert store.queue_depths()["robust"]["waiting"] == 1  # back in the queue until the rest is over
+    assert store.dead_letters() == []
+
+
+def test_the_empty_check_alone_judges_what_is_stored_without_fetching(world, sandbox) -> None:
+    settings, lead, instance, store = world
+    spec = load_catalog(settings.sources_path).get("quiet")
+    _materialize(spec, lead, instance)
+    requests_before = sandbox.app_state.sources["quiet"].requests
+    defs = Definitions(
+        assets=[build_source_asset(spec)],
+        jobs=[define_asset_job("check_only", selection=AssetSelection.checks_for_assets(source_asset_key("quiet")))],
+        resources={"fleet": FleetResource()},
+    )
+    result = defs.resolve_job_def("check_only").execute_in_process(instance=instance, tags={"dagster/partition": lead.id})
+    (check,) = result.get_asset_check_evaluations()
+    assert not check.passed and check.metadata["records"].value == 0
+    assert sandbox.app_state.sources["quiet"].requests == requests_before

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from dagster import DagsterInstance
 
 from investigations.devfleet import stop_all, wait_http
 
@@ -34,13 +35,10 @@ class Fleet:
     dagster_home: Path
     logs: Path
 
-    def instance(self):
-        from dagster import DagsterInstance
-
-        return DagsterInstance.from_config(str(self.dagster_home))
+    instance: DagsterInstance
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Intake and dagster-daemon as subprocesses, pointed at the session's sandbox web."""
     base = tmp_path_factory.mktemp("fleet")
@@ -48,6 +46,10 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     for folder in (dagster_home, data_dir, logs):
         folder.mkdir()
     shutil.copyfile(ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    # Create Dagster's storage here, before any fleet process starts: processes that create the same
+    # SQLite storage at once can leave it with two schema heads.
+    instance = DagsterInstance.from_config(str(dagster_home))
+    instance.get_runs(limit=1)
     intake_port = free_port()
     env = {
         **os.environ,
@@ -66,7 +68,8 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         try:
             intake_url = f"http://127.0.0.1:{intake_port}"
             wait_http(f"{intake_url}/healthz", timeout_s=30, procs=procs)
-            yield Fleet(env=env, intake_url=intake_url, data_dir=data_dir, dagster_home=dagster_home, logs=logs)
+            yield Fleet(env=env, intake_url=intake_url, data_dir=data_dir, dagster_home=dagster_home, logs=logs,
+                        instance=instance)
         finally:
             stop_all(procs)
 

@@ -34,7 +34,7 @@ def test_signed_webhook_leads_to_successful_runs_and_parquet_files(fleet) -> Non
     answer = send_case(fleet.intake_url, SECRET, {"case_id": "case-e2e", "leads": LEADS, "sources": ["robust"]},
                        webhook_id="msg_e2e_1")
     assert answer.status_code == 202, answer.text
-    instance = fleet.instance()
+    instance = fleet.instance
     runs = wait_for(
         lambda: (rs := _runs_for(instance, lead_ids)) and len(rs) == 3 and all(r.status in FINISHED for r in rs) and rs,
         timeout_s=150, what="three finished robust runs",
@@ -64,7 +64,7 @@ def test_collecting_a_lead_again_leaves_its_file_unchanged(fleet) -> None:
 
     lead = normalize_lead("domain", "fabrikam.example")
     body = {"case_id": "case-rerun", "leads": [lead.as_dict()], "sources": ["robust"]}
-    instance = fleet.instance()
+    instance = fleet.instance
     path = RecordStore(fleet.data_dir / "records").path_for("robust", lead.id)
 
     assert send_case(fleet.intake_url, SECRET, body, webhook_id="msg_rerun_1").status_code == 202

@@ -1,0 +1,108 @@
+"""The fetcher paces through the shared rate lanes, and a 429 waits instead of spending attempts."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+
+from investigations.adapters import PlannedRequest
+from investigations.fetcher import Fetcher, FetchFailed, FetchParked
+from investigations.pacing import GapSampler, RateLanes
+from investigations.specs import SourceSpec
+
+BASE = "http://127.0.0.1:8800"
+
+
+class FakeTime:
+    """One clock for the fetcher and the lanes; sleeping moves it forward."""
+
+    def __init__(self) -> None:
+        self.now_s = 1_000_000.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now_s += seconds
+
+
+def spec(*, rate_per_s: float = 2.0, burst: int = 1, attempts: int = 2, park_after_s: float = 60.0) -> SourceSpec:
+    return SourceSpec.model_validate({
+        "name": "fragile",
+        "adapter": "json_api",
+        "lead_kinds": ["domain"],
+        "request": {"url": BASE + "/fragile/api/search?q={value}"},
+        "rate": {"source_per_s": rate_per_s, "source_burst": burst, "identity_per_s": 100, "identity_burst": 100},
+        "retry": {"attempts": attempts, "base_delay_s": 0.5, "max_delay_s": 2.0},
+        "throttle": {"park_after_s": park_after_s},
+    })
+
+
+def make_fetcher(store, time_: FakeTime, answers: list[httpx.Response]) -> tuple[Fetcher, RateLanes, list]:
+    sent: list[float] = []
+    replies = iter(answers)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(time_.now_s)
+        return next(replies)
+
+    # A nearly fixed gap makes the arithmetic exact; the jitter itself is tested in pacing/.
+    lanes = RateLanes(store, sampler=GapSampler(random.Random(1), sigma=1e-6, pause_probability=0.0), clock=time_.clock)
+    fetcher = Fetcher(sink=store, lanes=lanes, transport=httpx.MockTransport(handler), sleep=time_.sleep,
+                      clock=time_.clock, now=lambda: datetime.fromtimestamp(time_.now_s, UTC), rng=random.Random(3))
+    return fetcher, lanes, sent
+
+
+REQUEST = PlannedRequest("GET", BASE + "/fragile/api/search?q=example.com", {})
+
+
+def test_requests_on_one_lane_are_spaced_by_the_permitted_rate(sqlite_store) -> None:
+    time_ = FakeTime()
+    fetcher, _, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 5)
+    for _ in range(5):
+        fetcher.fetch(spec(rate_per_s=2.0), REQUEST, lead_id="l1")
+    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    assert all(gap >= 0.5 - 1e-3 for gap in gaps)
+    assert sum(gaps) / len(gaps) <= 0.5 * 1.16
+
+
+def test_a_429_does_not_spend_an_attempt_and_retry_after_is_a_floor(sqlite_store) -> None:
+    time_ = FakeTime()
+    answers = [httpx.Response(429, headers={"Retry-After": "7"})] * 3 + [httpx.Response(200, json={"results": []})]
+    fetcher, _, sent = make_fetcher(sqlite_store, time_, answers)
+    result = fetcher.fetch(spec(attempts=1), REQUEST, lead_id="l1")  # one attempt, yet three 429s survived
+    assert result.status == 200 and result.attempts == 4
+    assert all(b - a >= 7 for a, b in zip(sent, sent[1:]))
+
+
+def test_a_throttle_cuts_the_lane_rate_and_successes_raise_it_again(sqlite_store) -> None:
+    time_ = FakeTime()
+    answers = [httpx.Response(429)] + [httpx.Response(200, json={"results": []})] * 3
+    fetcher, lanes, _ = make_fetcher(sqlite_store, time_, answers)
+    fetcher.fetch(spec(), REQUEST, lead_id="l1")
+    after_throttle_and_one_success = lanes.state("source:fragile").rate_factor
+    assert after_throttle_and_one_success < 1.0
+    fetcher.fetch(spec(), REQUEST, lead_id="l1")
+    assert lanes.state("source:fragile").rate_factor > after_throttle_and_one_success
+
+
+def test_throttled_for_longer_than_park_after_parks_instead_of_failing(sqlite_store) -> None:
+    time_ = FakeTime()
+    fetcher, _, sent = make_fetcher(sqlite_store, time_, [httpx.Response(429, headers={"Retry-After": "10"})] * 20)
+    with pytest.raises(FetchParked) as parked:
+        fetcher.fetch(spec(park_after_s=30), REQUEST, lead_id="l1")
+    assert parked.value.last_status == 429 and parked.value.retry_in_s >= 10
+    assert len(sent) <= 4  # never hammered the source while parked
+
+
+def test_503_still_spends_attempts(sqlite_store) -> None:
+    time_ = FakeTime()
+    fetcher, _, _ = make_fetcher(sqlite_store, time_, [httpx.Response(503)] * 3)
+    with pytest.raises(FetchFailed) as failed:
+        fetcher.fetch(spec(attempts=2), REQUEST, lead_id="l1")
+    assert failed.value.attempts == 2 and failed.value.reason_group == "throttled"
