@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_requeue.add_argument("--priority", default="recurring", choices=["interactive", "recurring", "backfill"])
     dlq_requeue.set_defaults(func=_dlq_requeue)
 
-    fleet = sub.add_parser("fleet", help="per-source status from the fetch log")
+    fleet = sub.add_parser("fleet", help="per source: requests and outcomes, backlog, circuit, current rate")
     fleet.add_argument("--hours", type=float, default=24.0)
     fleet.add_argument("--json", action="store_true")
     fleet.set_defaults(func=_fleet)
@@ -180,14 +181,43 @@ def _dlq_requeue(args: argparse.Namespace) -> int:
 
 
 def _fleet(args: argparse.Namespace) -> int:
+    from investigations.catalog import load_catalog
+    from investigations.pacing import Circuits, GapSampler, RateLanes
+
+    settings = Settings.from_env()
+    store = _store(settings)
     since = datetime.now(UTC) - timedelta(hours=args.hours)
-    rows = _store(Settings.from_env()).fleet_summary(since=since)
+    summary = {row["source"]: row for row in store.fleet_summary(since=since)}
+    depths = store.queue_depths()
+    circuits = Circuits(store).all_states()
+    lanes = {lane.lane: lane for lane in RateLanes(store, sampler=GapSampler(random.Random())).all_states()}
+    rows = []
+    for spec in load_catalog(settings.sources_path).sources:
+        stats = summary.get(spec.name, {"requests": 0, "outcomes": {}, "latency_ms": 0.0, "last_at": None})
+        lane = lanes.get(f"source:{spec.name}")
+        circuit = circuits.get(spec.name)
+        rows.append({
+            "source": spec.name,
+            "requests": stats["requests"],
+            "outcomes": stats["outcomes"],
+            "mean_latency_ms": round(stats["latency_ms"], 1),
+            "last_request_at": stats["last_at"],
+            "queue": depths.get(spec.name, {"ready": 0, "waiting": 0, "dispatched": 0}),
+            "circuit": circuit.state if circuit else "closed",
+            "rate_per_s": round(spec.rate.source_per_s * (lane.rate_factor if lane else 1.0), 3),
+            "configured_rate_per_s": spec.rate.source_per_s,
+        })
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
         return 0
-    print(f"{'source':<12} {'requests':>8} {'ok':>6} {'failed':>7}  last request")
+    print(f"{'source':<12} {'requests':>8} {'ok':>6} {'throttled':>9} {'failed':>6}  {'queued':>6} {'waiting':>7} "
+          f"{'in flight':>9}  {'circuit':<9} {'rate/s':>13}  last request")
     for row in rows:
         ok = row["outcomes"].get("ok", 0)
-        last = row["last_at"].isoformat(timespec="seconds") if row["last_at"] else "-"
-        print(f"{row['source']:<12} {row['requests']:>8} {ok:>6} {row['requests'] - ok:>7}  {last}")
+        throttled = row["outcomes"].get("throttled", 0)
+        last = row["last_request_at"].isoformat(timespec="seconds") if row["last_request_at"] else "-"
+        queue = row["queue"]
+        rate = f"{row['rate_per_s']:g}/{row['configured_rate_per_s']:g}"
+        print(f"{row['source']:<12} {row['requests']:>8} {ok:>6} {throttled:>9} {row['requests'] - ok - throttled:>6}  "
+              f"{queue['ready']:>6} {queue['waiting']:>7} {queue['dispatched']:>9}  {row['circuit']:<9} {rate:>13}  {last}")
     return 0

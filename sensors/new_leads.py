@@ -6,7 +6,7 @@ the fleet's own backlog (`collection_queue`). Dispatch: each source hands Dagste
 the rest waits in the backlog, in the database, not in the run queue.
 """
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from dagster import (
     DefaultSensorStatus,
@@ -21,6 +21,7 @@ from dagster import (
 from assets.jobs import SourceJob
 from assets.naming import job_name
 from assets.partitions import leads_partitions
+from investigations.pacing import Circuits
 from investigations.priority import DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, PriorityClass
 from investigations.specs import SourceCatalog
 from investigations.store import InboxItem, QueuedCollection, StateStore, utcnow
@@ -82,9 +83,32 @@ def run_request_for(row: QueuedCollection) -> RunRequest:
                       run_key=f"{row.source}:{row.lead_id}:q{row.id}", tags=tags)
 
 
-def dispatch(store: StateStore, catalog: SourceCatalog, *, max_runs: int) -> tuple[list[RunRequest], list[str]]:
-    """Hand each source's ready collections to Dagster within its backpressure bound."""
-    now = utcnow()
+def circuit_room(circuits: Circuits, source: str, *, now_s: float) -> tuple[int | None, str | None]:
+    """How many collections a source's circuit lets out now (None: no limit), and why if fewer.
+
+    A resting source gets nothing, so its work waits in the backlog without holding a run slot;
+    once the rest is over it gets one collection: the probe.
+    """
+    state = circuits.state(source)
+    if state is None or state.state == "closed":
+        return None, None
+    if state.state == "open" and state.probe_at_s is not None and now_s < state.probe_at_s:
+        return 0, f"{source}: circuit open after {state.failure_streak} failures; probe in {state.probe_at_s - now_s:.0f} s"
+    if state.state == "half_open":
+        return 0, f"{source}: circuit half open, waiting for its probe"
+    return 1, f"{source}: circuit open, sending one probe"
+
+
+def dispatch(
+    store: StateStore,
+    catalog: SourceCatalog,
+    *,
+    max_runs: int,
+    circuits: Circuits | None = None,
+    now: datetime | None = None,
+) -> tuple[list[RunRequest], list[str]]:
+    """Hand each source's ready collections to Dagster within its backpressure bound and circuit."""
+    now = now or utcnow()
     store.release_stale_dispatches(older_than=now - STALE_DISPATCH)
     depths = store.queue_depths(now=now)
     requests: list[RunRequest] = []
@@ -94,6 +118,16 @@ def dispatch(store: StateStore, catalog: SourceCatalog, *, max_runs: int) -> tup
         if not depth or not depth["ready"]:
             continue
         room = min(spec.max_in_flight - depth["dispatched"], max_runs - len(requests))
+        if circuits is not None:
+            allowed, why = circuit_room(circuits, spec.name, now_s=now.timestamp())
+            if why:
+                reasons.append(why)
+            if allowed is not None:
+                if allowed == 0:
+                    continue
+                room = min(room, allowed - depth["dispatched"])
+                if room <= 0:
+                    continue
         if room <= 0:
             reasons.append(
                 f"{spec.name}: {depth['dispatched']} collections in flight (max_in_flight {spec.max_in_flight}); "
@@ -121,7 +155,7 @@ def build_new_lead_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> Sens
         for note in notes:
             context.log.warning(note)
         sync_pool_limits(context.instance, catalog)
-        run_requests, reasons = dispatch(store, catalog, max_runs=MAX_RUNS_PER_TICK)
+        run_requests, reasons = dispatch(store, catalog, max_runs=MAX_RUNS_PER_TICK, circuits=Circuits(store))
         for reason in reasons:
             context.log.info(f"backpressure: {reason}")
         new_cursor = str(items[-1].id) if items else context.cursor

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import random
+from pathlib import Path
+
 import pytest
 
 from investigations.cli import main
+from investigations.events import Outcome
+from investigations.pacing import Circuits, GapSampler, RateLanes, source_lane
+from investigations.specs import load_sources
 from investigations.store import StateStore
 
 
@@ -41,3 +48,20 @@ def test_dlq_requeue_without_a_filter_refuses(state, capsys) -> None:
 def test_leads_add_rejects_a_private_address_with_a_clear_error(state, capsys) -> None:
     assert main(["leads", "add", "ip", "10.0.0.1", "--case", "c1"]) == 2
     assert "private address" in capsys.readouterr().err
+
+
+def test_fleet_shows_backlog_circuit_and_the_current_rate_per_source(state, monkeypatch, capsys) -> None:
+    sources = Path(__file__).resolve().parents[2] / "sources.yaml"
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(sources))
+    fragile = load_sources(sources).get("fragile")
+    state.enqueue([("fragile", "l1"), ("fragile", "l2")], origin="t", priority_class="interactive")
+    for _ in range(fragile.circuit.failure_threshold):
+        Circuits(state).record("fragile", fragile.circuit, success=False)
+    RateLanes(state, sampler=GapSampler(random.Random(1))).feedback(
+        [source_lane(fragile)], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=fragile.throttle)
+    assert main(["fleet", "--json"]) == 0
+    rows = {row["source"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["fragile"]["queue"] == {"ready": 2, "waiting": 0, "dispatched": 0}
+    assert rows["fragile"]["circuit"] == "open"
+    assert rows["fragile"]["rate_per_s"] == fragile.rate.source_per_s * fragile.throttle.decrease_factor
+    assert rows["robust"]["circuit"] == "closed"

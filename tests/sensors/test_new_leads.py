@@ -15,7 +15,8 @@ from investigations.priority import DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, Priori
 from investigations.specs import load_sources
 from investigations.store import InboxItem, StateStore
 from resources.fleet import FleetResource
-from sensors.new_leads import build_new_lead_sensor, wanted_sources
+from investigations.pacing import Circuits
+from sensors.new_leads import build_new_lead_sensor, dispatch, ingest, wanted_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,3 +136,21 @@ def test_a_wanted_source_that_cannot_take_the_lead_is_skipped_with_a_reason(worl
 def _item(lead, *, sources, priority="interactive") -> InboxItem:
     return InboxItem(id=7, webhook_id="w", case_id="c", lead=lead, sources=sources, priority_class=priority,
                      received_at=datetime.now(UTC))
+
+
+def test_a_resting_source_keeps_its_work_in_the_backlog_then_sends_one_probe(world) -> None:
+    catalog, store, _, _ = world
+    spec = catalog.get("robust")
+    circuits = Circuits(store)
+    for _ in range(spec.circuit.failure_threshold):
+        circuits.record("robust", spec.circuit, success=False)
+    _accept(store, ["a.example", "b.example"], webhook="w1", sources=["robust"])
+    ingest(store, store.inbox_after(0, limit=10), catalog)
+    probe_at = datetime.fromtimestamp(circuits.state("robust").probe_at_s, UTC)
+
+    resting, reasons = dispatch(store, catalog, max_runs=10, circuits=circuits, now=probe_at - timedelta(seconds=5))
+    assert resting == [] and any("circuit open" in r and "probe in 5 s" in r for r in reasons)
+    probe, reasons = dispatch(store, catalog, max_runs=10, circuits=circuits, now=probe_at + timedelta(seconds=1))
+    assert len(probe) == 1 and any("one probe" in r for r in reasons)
+    again, _ = dispatch(store, catalog, max_runs=10, circuits=circuits, now=probe_at + timedelta(seconds=2))
+    assert again == []  # one probe at a time
