@@ -7,6 +7,7 @@ check result, so the UI shows per-lead state whichever way it was collected.
 
 import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 
 from dagster import (
@@ -21,6 +22,7 @@ from dagster import (
     Backoff,
     BackfillPolicy,
     Failure,
+    FreshnessPolicy,
     Jitter,
     MetadataValue,
     PreviewWarning,
@@ -31,6 +33,7 @@ from dagster import (
 from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, source_asset_key
 from assets.partitions import leads_partitions
 from investigations.collect import CollectionFailed, CollectionParked, CollectionResult
+from investigations.priority import BATCH_LEADS_TAG
 from investigations.specs import SourceSpec
 from resources.fleet import FleetResource
 
@@ -122,6 +125,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 kinds={"parquet"},
                 skippable=True,
                 partitions_def=leads_partitions,
+                freshness_policy=freshness_policy_for(spec),
                 description=spec.description or f"Records collected from {spec.name}, one partition per lead.",
                 tags={"investigations/source": spec.name},
                 metadata={
@@ -141,7 +145,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
         backfill_policy=backfill_policy_for(spec),
     )
     def _collect(context: AssetExecutionContext, fleet: FleetResource) -> Iterator:
-        lead_ids = list(context.partition_keys)
+        lead_ids = batch_members(context)
         if key not in context.selected_asset_keys:
             # The check alone: judge what is stored, without asking the source again.
             for lead_id in lead_ids:
@@ -162,7 +166,8 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 context.log.error(str(outcome))
                 failures.append(outcome)
         if failures:
-            # A permanent failure (4xx, unparseable, refused) is not worth a step retry.
+            # A permanent failure (4xx, unparseable, refused) is not worth a step retry, and neither
+            # is a batch: its failed leads are dead letters already, its good ones are stored.
             raise Failure(
                 description=f"{len(failures)} of {len(lead_ids)} collection(s) of {spec.name} failed: {failures[0]}",
                 metadata={
@@ -170,10 +175,27 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                     "reason_groups": MetadataValue.json(sorted({f.reason_group for f in failures})),
                     "last_status": failures[0].last_status if failures[0].last_status is not None else -1,
                 },
-                allow_retries=any(f.retryable for f in failures),
+                allow_retries=len(lead_ids) == 1 and failures[0].retryable,
             )
 
     return _collect
+
+
+def batch_members(context: AssetExecutionContext) -> list[str]:
+    """The leads this run collects: the batch's members when the dispatcher named them, else every
+    partition of the run (one lead, or a range launched from the UI)."""
+    members = context.run.tags.get(BATCH_LEADS_TAG)
+    partitions = list(context.partition_keys)
+    if not members:
+        return partitions
+    in_range = set(partitions)
+    return [lead for lead in members.split(",") if lead in in_range]
+
+
+def freshness_policy_for(spec: SourceSpec) -> FreshnessPolicy:
+    """Warn when a source's newest collection is older than its cadence, fail at twice that."""
+    cadence = timedelta(seconds=spec.recrawl_every_s)
+    return FreshnessPolicy.time_window(fail_window=2 * cadence, warn_window=cadence)
 
 
 def _collect_one(

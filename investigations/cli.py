@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (SpecError, ConfigError, LeadError) as exc:
+    except (SpecError, ConfigError, LeadError, KeyError) as exc:
         print(f"investigations: {exc}", file=sys.stderr)
         return 2
 
@@ -59,6 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
     leads_add.add_argument("value")
     leads_add.add_argument("--case", required=True)
     leads_add.set_defaults(func=_leads_add)
+
+    cases = sub.add_parser("cases", help="list cases, or close / re-open one (closed cases are not monitored)")
+    cases_sub = cases.add_subparsers(required=True, metavar="ACTION")
+    cases_sub.add_parser("list", help="cases with their status and lead count").set_defaults(func=_cases_list)
+    for action, status in (("close", "closed"), ("reopen", "active")):
+        case_action = cases_sub.add_parser(action, help=f"mark a case {status}")
+        case_action.add_argument("case_id")
+        case_action.set_defaults(func=_case_status, status=status)
+
+    backfill = sub.add_parser("backfill", help="queue a source over every lead it takes, as low-priority batches")
+    backfill.add_argument("--source", required=True)
+    backfill.set_defaults(func=_backfill)
 
     dlq = sub.add_parser("dlq", help="dead letters: collections that gave up")
     dlq_sub = dlq.add_subparsers(required=True, metavar="ACTION")
@@ -141,6 +153,38 @@ def _leads_add(args: argparse.Namespace) -> int:
     lead = normalize_lead(args.kind, args.value)
     _store(Settings.from_env()).add_lead(lead, case_id=args.case)
     print(lead.id)
+    return 0
+
+
+def _cases_list(args: argparse.Namespace) -> int:
+    for case in _store(Settings.from_env()).cases_overview():
+        print(f"{case['case_id']:<32} {case['status']:<7} {case['leads']:>5} lead(s)  "
+              f"since {case['created_at'].isoformat(timespec='seconds')}")
+    return 0
+
+
+def _case_status(args: argparse.Namespace) -> int:
+    try:
+        changed = _store(Settings.from_env()).set_case_status(args.case_id, args.status)
+    except KeyError as exc:
+        print(f"investigations: {exc.args[0]}", file=sys.stderr)
+        return 2
+    print(f"case {args.case_id} is {args.status}" + ("" if changed else " (unchanged)"))
+    return 0
+
+
+def _backfill(args: argparse.Namespace) -> int:
+    from investigations.catalog import load_catalog
+
+    settings = Settings.from_env()
+    spec = load_catalog(settings.sources_path).get(args.source)
+    store = _store(settings)
+    leads = store.all_lead_ids(kinds=spec.lead_kinds)
+    # One origin per day: running the same backfill twice in a day queues it once.
+    origin = f"backfill:{datetime.now(UTC).date().isoformat()}"
+    queued = store.enqueue([(spec.name, lead) for lead in leads], origin=origin, priority_class="backfill")
+    print(f"queued {queued} of {len(leads)} lead(s) for {spec.name} as backfill ({origin}); they run in batches "
+          "after interactive and recurring work")
     return 0
 
 

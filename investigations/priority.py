@@ -15,11 +15,25 @@ class PriorityClass(StrEnum):
     BACKFILL = "backfill"  # bulk work that must yield to everything else
 
 
-# Wide gaps leave room for finer ordering inside a class later without renumbering.
+# Wide gaps leave room for finer ordering inside a class. A backfill launched from the Dagster UI
+# carries no priority tag (0), so it ranks with our own backfills, below recurring crawls.
 DAGSTER_PRIORITY: dict[PriorityClass, int] = {
     PriorityClass.INTERACTIVE: 100,
-    PriorityClass.RECURRING: 0,
-    PriorityClass.BACKFILL: -100,
+    PriorityClass.RECURRING: 50,
+    PriorityClass.BACKFILL: 0,
 }
 
 PRIORITY_CLASS_TAG = "investigations/priority_class"
+# Set on recurring and backfill runs; dagster.yaml caps how many run at once, so the rest of the
+# run slots stay free for interactive work.
+BACKGROUND_TAG = "investigations/background"
+# A batch run names its member leads here; its partition range is only the envelope around them.
+BATCH_LEADS_TAG = "investigations/batch_leads"
+
+
+def run_tags(priority: PriorityClass) -> dict[str, str]:
+    """The run tags that place a run of this class in Dagster's queue."""
+    tags = {"dagster/priority": str(DAGSTER_PRIORITY[priority]), PRIORITY_CLASS_TAG: priority.value}
+    if priority is not PriorityClass.INTERACTIVE:
+        tags[BACKGROUND_TAG] = "true"
+    return tags

@@ -3,7 +3,7 @@
 from dagster import DefaultSensorStatus, RunRequest, SensorEvaluationContext, SkipReason, sensor
 
 from assets.fleet import fleet_report_job
-from investigations.priority import DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, PriorityClass
+from investigations.priority import PriorityClass, run_tags
 from resources.fleet import FleetResource
 
 INTERVAL_S = 30
@@ -30,8 +30,5 @@ def dead_letter_report(context: SensorEvaluationContext, fleet: FleetResource) -
     context.update_cursor(fingerprint)
     return RunRequest(
         run_key=f"dead-letters:{fingerprint}",
-        tags={
-            "dagster/priority": str(DAGSTER_PRIORITY[PriorityClass.RECURRING]),
-            PRIORITY_CLASS_TAG: PriorityClass.RECURRING.value,
-        },
+        tags=run_tags(PriorityClass.RECURRING),
     )

@@ -6,9 +6,13 @@ the fleet's own backlog (`collection_queue`). Dispatch: each source hands Dagste
 the rest waits in the backlog, in the database, not in the run queue.
 """
 
+import hashlib
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from functools import cache
 
 from dagster import (
+    DagsterInstance,
     DefaultSensorStatus,
     RunRequest,
     SensorDefinition,
@@ -22,8 +26,8 @@ from assets.jobs import SourceJob
 from assets.naming import job_name
 from assets.partitions import leads_partitions
 from investigations.pacing import Circuits
-from investigations.priority import DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, PriorityClass
-from investigations.specs import SourceCatalog
+from investigations.priority import BATCH_LEADS_TAG, PriorityClass, run_tags
+from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import InboxItem, QueuedCollection, StateStore, utcnow
 from resources.fleet import FleetResource
 from sensors.pools import sync_pool_limits
@@ -33,6 +37,9 @@ NEW_LEAD_SENSOR = "new_leads"
 MAX_INBOX_ROWS_PER_TICK = 200
 MAX_RUNS_PER_TICK = 100
 INTERVAL_S = 5
+# Background runs collect a batch of leads sized to about this much work at the source's rate.
+BATCH_SECONDS = 90
+MAX_BATCH_LEADS = 50
 # A dispatched collection whose run never reported back goes back to the queue after this long.
 STALE_DISPATCH = timedelta(minutes=30)
 
@@ -69,10 +76,8 @@ def ingest(store: StateStore, items: list[InboxItem], catalog: SourceCatalog) ->
 def run_request_for(row: QueuedCollection) -> RunRequest:
     """The run of one queued collection. The run key names the queue row, so a re-evaluated tick or a
     re-dispatched row never starts a second run, while a new request for the lead gets its own."""
-    priority = PriorityClass(row.priority_class)
     tags = {
-        "dagster/priority": str(DAGSTER_PRIORITY[priority]),
-        PRIORITY_CLASS_TAG: priority.value,
+        **run_tags(PriorityClass(row.priority_class)),
         "investigations/source": row.source,
         "investigations/lead_id": row.lead_id,
         "investigations/origin": row.origin,
@@ -81,6 +86,54 @@ def run_request_for(row: QueuedCollection) -> RunRequest:
         tags["investigations/case_id"] = row.case_id
     return RunRequest(job_name=job_name(row.source), partition_key=row.lead_id,
                       run_key=f"{row.source}:{row.lead_id}:q{row.id}", tags=tags)
+
+
+def batch_size(spec: SourceSpec) -> int:
+    """Leads per background run: about BATCH_SECONDS of work at the source's permitted rate."""
+    return max(1, min(MAX_BATCH_LEADS, int(spec.rate.source_per_s * BATCH_SECONDS)))
+
+
+def batch_run_request(spec: SourceSpec, rows: list[QueuedCollection], order: Mapping[str, int]) -> RunRequest:
+    """One run collecting many leads of one source: a partition range envelope (first..last lead in
+    the `leads` partition order) and the member leads in a tag; only members are collected."""
+    rows = sorted(rows, key=lambda row: order[row.lead_id])
+    ids = sorted(row.id for row in rows)
+    digest = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:12]
+    return RunRequest(
+        job_name=job_name(spec.name),
+        run_key=f"{spec.name}:batch:{digest}",
+        tags={
+            **run_tags(PriorityClass(rows[0].priority_class)),
+            "dagster/asset_partition_range_start": rows[0].lead_id,
+            "dagster/asset_partition_range_end": rows[-1].lead_id,
+            BATCH_LEADS_TAG: ",".join(row.lead_id for row in rows),
+            "investigations/source": spec.name,
+            "investigations/origin": rows[0].origin,
+        },
+    )
+
+
+def run_requests_for(
+    spec: SourceSpec, rows: list[QueuedCollection], order: Callable[[], Mapping[str, int]]
+) -> list[RunRequest]:
+    """Interactive rows run one lead each (latency first); background rows run in batches (a run
+    costs seconds of overhead). A lead not yet in the partitions set runs alone."""
+    requests = [run_request_for(row) for row in rows if row.priority_class == PriorityClass.INTERACTIVE]
+    background = [row for row in rows if row.priority_class != PriorityClass.INTERACTIVE]
+    if not background:
+        return requests
+    index = order()
+    by_class: dict[str, list[QueuedCollection]] = {}
+    for row in background:
+        if row.lead_id in index:
+            by_class.setdefault(row.priority_class, []).append(row)
+        else:
+            requests.append(run_request_for(row))
+    size = batch_size(spec)
+    for members in by_class.values():
+        members.sort(key=lambda row: index[row.lead_id])
+        requests.extend(batch_run_request(spec, members[i:i + size], index) for i in range(0, len(members), size))
+    return requests
 
 
 def circuit_room(circuits: Circuits, source: str, *, now_s: float) -> tuple[int | None, str | None]:
@@ -106,6 +159,7 @@ def dispatch(
     max_runs: int,
     circuits: Circuits | None = None,
     now: datetime | None = None,
+    partition_order: Callable[[], Mapping[str, int]] = dict,
 ) -> tuple[list[RunRequest], list[str]]:
     """Hand each source's ready collections to Dagster within its backpressure bound and circuit."""
     now = now or utcnow()
@@ -134,8 +188,20 @@ def dispatch(
                 f"{depth['ready']} wait in the backlog"
             )
             continue
-        requests.extend(run_request_for(row) for row in store.dispatch(spec.name, limit=room, now=now))
+        rows = store.dispatch(spec.name, limit=room, now=now)
+        requests.extend(run_requests_for(spec, rows, partition_order))
     return requests, reasons
+
+
+def partition_order_of(instance: DagsterInstance) -> Callable[[], Mapping[str, int]]:
+    """The position of every lead in the `leads` partitions, read once per tick and only if needed."""
+
+    @cache
+    def order() -> Mapping[str, int]:
+        keys = instance.get_dynamic_partitions(leads_partitions.name)
+        return {key: position for position, key in enumerate(keys)}
+
+    return order
 
 
 def build_new_lead_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> SensorDefinition:
@@ -155,7 +221,8 @@ def build_new_lead_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> Sens
         for note in notes:
             context.log.warning(note)
         sync_pool_limits(context.instance, catalog)
-        run_requests, reasons = dispatch(store, catalog, max_runs=MAX_RUNS_PER_TICK, circuits=Circuits(store))
+        run_requests, reasons = dispatch(store, catalog, max_runs=MAX_RUNS_PER_TICK, circuits=Circuits(store),
+                                         partition_order=partition_order_of(context.instance))
         for reason in reasons:
             context.log.info(f"backpressure: {reason}")
         new_cursor = str(items[-1].id) if items else context.cursor

@@ -225,6 +225,74 @@ class StateStore:
             for row in lead_rows
         ]
 
+    def set_case_status(self, case_id: str, status: str, *, now: datetime | None = None) -> bool:
+        """Close or re-open a case; return whether it changed. A closed case's leads stop being
+        monitored unless another active case holds them."""
+        if status not in ("active", "closed"):
+            raise ValueError(f"case status must be active or closed, not {status!r}")
+        with self.engine.begin() as conn:
+            current = conn.execute(select(s.cases.c.status).where(s.cases.c.case_id == case_id)).scalar()
+            if current is None:
+                raise KeyError(f"unknown case {case_id!r}")
+            if current == status:
+                return False
+            conn.execute(s.cases.update().where(s.cases.c.case_id == case_id)
+                         .values(status=status, updated_at=now or utcnow()))
+            return True
+
+    def cases_overview(self) -> list[dict[str, Any]]:
+        """Every case with its status and how many leads it holds."""
+        query = (
+            select(s.cases, func.count(s.case_leads.c.lead_id).label("leads"))
+            .select_from(s.cases.outerjoin(s.case_leads, s.case_leads.c.case_id == s.cases.c.case_id))
+            .group_by(*s.cases.c)
+            .order_by(s.cases.c.created_at, s.cases.c.case_id)
+        )
+        with self.engine.begin() as conn:
+            return [dict(row) for row in conn.execute(query).mappings()]
+
+    def stale_monitored(
+        self, source: str, *, lead_kinds: Sequence[str], older_than: datetime, limit: int
+    ) -> list[str]:
+        """Leads due a recurring crawl by `source`, stalest first.
+
+        Monitored: in at least one active case, collected by this source before, not dead-lettered
+        there (a human decides about those) and not already waiting or running for it. Due: its last
+        success (or, never having succeeded, its last attempt) is older than `older_than`.
+        """
+        c, q, dl = s.collections, s.collection_queue, s.dead_letters
+        active = (
+            select(s.case_leads.c.lead_id)
+            .join(s.cases, s.cases.c.case_id == s.case_leads.c.case_id)
+            .where(s.cases.c.status == "active")
+        )
+        pending = select(q.c.lead_id).where(q.c.source == source, q.c.state != "done")
+        dead = select(dl.c.lead_id).where(dl.c.source == source)
+        last = func.coalesce(c.c.last_success_at, c.c.last_attempt_at)
+        query = (
+            select(c.c.lead_id)
+            .join(s.leads, s.leads.c.lead_id == c.c.lead_id)
+            .where(
+                c.c.source == source,
+                s.leads.c.kind.in_(list(lead_kinds)),
+                last < older_than,
+                c.c.lead_id.in_(active),
+                c.c.lead_id.not_in(pending),
+                c.c.lead_id.not_in(dead),
+            )
+            .order_by(last, c.c.lead_id)
+            .limit(limit)
+        )
+        with self.engine.begin() as conn:
+            return list(conn.scalars(query))
+
+    def all_lead_ids(self, *, kinds: Sequence[str]) -> list[str]:
+        """Every lead of these kinds, oldest first (what a full backfill of a source covers)."""
+        query = select(s.leads.c.lead_id).where(s.leads.c.kind.in_(list(kinds))).order_by(
+            s.leads.c.created_at, s.leads.c.lead_id)
+        with self.engine.begin() as conn:
+            return list(conn.scalars(query))
+
     # -- fetch log --------------------------------------------------------------------------------
 
     def record_fetch(self, event: FetchEvent) -> None:

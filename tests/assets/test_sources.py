@@ -14,6 +14,7 @@ from investigations.catalog import load_catalog
 from investigations.config import Settings
 from investigations.leads import normalize_lead
 from investigations.pacing import Circuits
+from investigations.priority import BATCH_LEADS_TAG
 from investigations.specs import parse_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
@@ -143,3 +144,21 @@ def test_the_empty_check_alone_judges_what_is_stored_without_fetching(world, san
     (check,) = result.get_asset_check_evaluations()
     assert not check.passed and check.metadata["records"].value == 0
     assert sandbox.app_state.sources["quiet"].requests == requests_before
+
+
+def test_a_batch_run_collects_only_its_member_leads_inside_the_envelope(world) -> None:
+    settings, lead, instance, store = world
+    others = [normalize_lead("domain", f"member{i}.example") for i in range(3)]
+    for other in others:
+        store.add_lead(other, case_id="case-1")
+    instance.add_dynamic_partitions("leads", [other.id for other in others])
+    spec = load_catalog(settings.sources_path).get("robust")
+    members = [lead.id, others[2].id]
+    result = materialize(
+        [build_source_asset(spec)],
+        instance=instance,
+        resources={"fleet": FleetResource()},
+        tags={"dagster/asset_partition_range_start": lead.id, "dagster/asset_partition_range_end": others[2].id,
+              BATCH_LEADS_TAG: ",".join(members)},
+    )
+    assert sorted(m.partition for m in result.asset_materializations_for_node("sources__robust")) == sorted(members)

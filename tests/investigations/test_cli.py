@@ -65,3 +65,30 @@ def test_fleet_shows_backlog_circuit_and_the_current_rate_per_source(state, monk
     assert rows["fragile"]["circuit"] == "open"
     assert rows["fragile"]["rate_per_s"] == fragile.rate.source_per_s * fragile.throttle.decrease_factor
     assert rows["robust"]["circuit"] == "closed"
+
+
+def test_closing_and_reopening_a_case(state, capsys) -> None:
+    from investigations.leads import normalize_lead
+
+    state.add_lead(normalize_lead("domain", "example.com"), case_id="case-7")
+    assert main(["cases", "close", "case-7"]) == 0
+    assert "case case-7 is closed" in capsys.readouterr().out
+    main(["cases", "list"])
+    assert "closed" in capsys.readouterr().out
+    assert main(["cases", "reopen", "case-7"]) == 0
+    assert state.cases_overview()[0]["status"] == "active"
+    assert main(["cases", "close", "nope"]) == 2
+
+
+def test_backfill_queues_every_lead_the_source_takes_once_a_day(state, monkeypatch, capsys) -> None:
+    from investigations.leads import normalize_lead
+
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(Path(__file__).resolve().parents[2] / "sources.yaml"))
+    for value in ("a.example", "b.example"):
+        state.add_lead(normalize_lead("domain", value), case_id="c")
+    state.add_lead(normalize_lead("ip", "8.8.8.8"), case_id="c")  # fragile does not take ip leads
+    assert main(["backfill", "--source", "fragile"]) == 0
+    assert "queued 2 of 2" in capsys.readouterr().out
+    main(["backfill", "--source", "fragile"])
+    assert "queued 0 of 2" in capsys.readouterr().out
+    assert main(["backfill", "--source", "nope"]) == 2

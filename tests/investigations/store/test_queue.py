@@ -78,3 +78,19 @@ def test_requeue_filters_by_reason_and_lead(store) -> None:
                               last_error=None, now=T0)
     assert [x.lead_id for x in store.requeue_dead_letters(reason_group="blocked")] == ["l2"]
     assert [x.lead_id for x in store.requeue_dead_letters(lead_id="l3")] == ["l3"]
+
+
+def test_a_closed_case_leads_are_not_monitored_until_it_reopens(store) -> None:
+    from investigations.leads import normalize_lead
+
+    lead = normalize_lead("domain", "example.com")
+    store.add_lead(lead, case_id="case-1", now=T0)
+    store.record_collection(source="robust", lead_id=lead.id, outcome="ok", records=1, content_hash="h", path="/p",
+                            run_id="r", now=T0)
+    due = dict(lead_kinds=["domain"], older_than=T0 + timedelta(hours=7), limit=10)
+    assert store.stale_monitored("robust", **due) == [lead.id]
+    assert store.set_case_status("case-1", "closed") is True
+    assert store.stale_monitored("robust", **due) == []
+    store.set_case_status("case-1", "active")
+    assert store.stale_monitored("robust", **due) == [lead.id]
+    assert [c["leads"] for c in store.cases_overview()] == [1]
