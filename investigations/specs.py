@@ -131,6 +131,8 @@ class SourceSpec(_Model):
     circuit: CircuitSpec = CircuitSpec()
     # Backpressure: at most this many collections of the source handed to Dagster and not finished.
     max_in_flight: int = Field(default=20, ge=1, le=10_000)
+    # Background runs batch leads (about 90 s of work at the permitted rate), at most this many.
+    batch_max_leads: int = Field(default=50, ge=1, le=500)
     timeout_s: Positive = 10.0
     recrawl_every_s: Positive = 86400.0
     identity_tier: str = "datacenter"

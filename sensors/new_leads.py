@@ -39,7 +39,6 @@ MAX_RUNS_PER_TICK = 100
 INTERVAL_S = 5
 # Background runs collect a batch of leads sized to about this much work at the source's rate.
 BATCH_SECONDS = 90
-MAX_BATCH_LEADS = 50
 # A dispatched collection whose run never reported back goes back to the queue after this long.
 STALE_DISPATCH = timedelta(minutes=30)
 
@@ -90,7 +89,7 @@ def run_request_for(row: QueuedCollection) -> RunRequest:
 
 def batch_size(spec: SourceSpec) -> int:
     """Leads per background run: about BATCH_SECONDS of work at the source's permitted rate."""
-    return max(1, min(MAX_BATCH_LEADS, int(spec.rate.source_per_s * BATCH_SECONDS)))
+    return max(1, min(spec.batch_max_leads, int(spec.rate.source_per_s * BATCH_SECONDS)))
 
 
 def batch_run_request(spec: SourceSpec, rows: list[QueuedCollection], order: Mapping[str, int]) -> RunRequest:
@@ -132,7 +131,9 @@ def run_requests_for(
     size = batch_size(spec)
     for members in by_class.values():
         members.sort(key=lambda row: index[row.lead_id])
-        requests.extend(batch_run_request(spec, members[i:i + size], index) for i in range(0, len(members), size))
+        for chunk in (members[i:i + size] for i in range(0, len(members), size)):
+            # A batch of one is an ordinary run, with the lead in its tags like any other.
+            requests.append(batch_run_request(spec, chunk, index) if len(chunk) > 1 else run_request_for(chunk[0]))
     return requests
 
 
@@ -230,11 +231,12 @@ def build_new_lead_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> Sens
             why = "; ".join(reasons) or "nothing ready in the backlog"
             return SensorResult(skip_reason=f"{len(items)} inbox row(s) read, no run requested: {why}",
                                 cursor=new_cursor)
-        leads = sorted({request.partition_key for request in run_requests})
+        # Batch runs name leads that are partitions already; single runs may bring a new lead.
+        leads = sorted({request.partition_key for request in run_requests if request.partition_key})
         context.log.info(f"{len(items)} inbox row(s), {queued} queued, {len(run_requests)} run(s) requested")
         return SensorResult(
             run_requests=run_requests,
-            dynamic_partitions_requests=[leads_partitions.build_add_request(leads)],
+            dynamic_partitions_requests=[leads_partitions.build_add_request(leads)] if leads else None,
             cursor=new_cursor,
         )
 

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import DagsterInstance
 
 from investigations.devfleet import stop_all, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
+SMALL_BATCH_SOURCES = ("slow", "quiet")
 SECRET = "whsec_ZTJlLXRlc3Qtc2VjcmV0LWZvci10aGUtaW50YWtl"
 
 
@@ -30,6 +32,7 @@ def free_port() -> int:
 @dataclass
 class Fleet:
     env: dict[str, str]
+    sources_path: Path
     intake_url: str
     data_dir: Path
     dagster_home: Path
@@ -51,11 +54,19 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     instance = DagsterInstance.from_config(str(dagster_home))
     instance.get_runs(limit=1)
     intake_port = free_port()
+    # The repo's sources, with small batches for two sources so the priority test can fill the
+    # background run slots with many short runs.
+    sources = yaml.safe_load((ROOT / "sources.yaml").read_text())
+    for entry in sources["sources"]:
+        if entry["name"] in SMALL_BATCH_SOURCES:
+            entry["batch_max_leads"] = 4
+    sources_path = base / "sources.yaml"
+    sources_path.write_text(yaml.safe_dump(sources, sort_keys=False))
     env = {
         **os.environ,
         "DAGSTER_HOME": str(dagster_home),
         "INVESTIGATIONS_DATA_DIR": str(data_dir),
-        "INVESTIGATIONS_SOURCES": str(ROOT / "sources.yaml"),
+        "INVESTIGATIONS_SOURCES": str(sources_path),
         "INVESTIGATIONS_SANDBOX_URL": sandbox.url,
         "INVESTIGATIONS_WEBHOOK_SECRET": SECRET,
         "INVESTIGATIONS_INTAKE_PORT": str(intake_port),
@@ -68,7 +79,7 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         try:
             intake_url = f"http://127.0.0.1:{intake_port}"
             wait_http(f"{intake_url}/healthz", timeout_s=30, procs=procs)
-            yield Fleet(env=env, intake_url=intake_url, data_dir=data_dir, dagster_home=dagster_home, logs=logs,
+            yield Fleet(env=env, sources_path=sources_path, intake_url=intake_url, data_dir=data_dir, dagster_home=dagster_home, logs=logs,
                         instance=instance)
         finally:
             stop_all(procs)

@@ -154,3 +154,16 @@ def test_a_resting_source_keeps_its_work_in_the_backlog_then_sends_one_probe(wor
     assert len(probe) == 1 and any("one probe" in r for r in reasons)
     again, _ = dispatch(store, catalog, max_runs=10, circuits=circuits, now=probe_at + timedelta(seconds=2))
     assert again == []  # one probe at a time
+
+
+def test_background_work_becomes_batch_runs_in_a_sensor_tick(world) -> None:
+    _, store, sensor, instance = world
+    leads = [normalize_lead("domain", f"bg{i}.example") for i in range(3)]
+    for lead in leads:
+        store.add_lead(lead, case_id="c1")
+    instance.add_dynamic_partitions("leads", [lead.id for lead in leads])
+    store.enqueue([("robust", lead.id) for lead in leads], origin="recurring:1", priority_class="recurring")
+    result = _evaluate(sensor, instance)
+    (batch,) = result.run_requests
+    assert batch.partition_key is None and batch.tags["investigations/batch_leads"].count(",") == 1  # 2 leads: max_in_flight is 2 here
+    assert not result.dynamic_partitions_requests

@@ -127,4 +127,4 @@ def test_batches_are_sized_to_the_source_rate_and_capped(world) -> None:
     slow = catalog.get("fragile").model_copy(update={"rate": catalog.get("fragile").rate.model_copy(
         update={"source_per_s": 0.1})})
     assert batch_size(slow) == 9  # 90 s of work at 0.1 request/s
-    assert batch_size(catalog.get("robust")) == 50  # 900 would be too many leads for one run
+    assert batch_size(catalog.get("robust")) == 50  # 900 would be too many leads for one run: batch_max_leads

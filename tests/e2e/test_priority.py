@@ -1,0 +1,70 @@
+"""End to end: an interactive lead's run starts before queued background runs, in a free slot."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from dagster import DagsterRunStatus, RunsFilter
+
+from investigations.demo import send_case
+from investigations.leads import normalize_lead
+from investigations.priority import PRIORITY_CLASS_TAG
+from investigations.store import StateStore
+
+pytestmark = pytest.mark.e2e
+
+DEQUEUE_PASS_S = 2.0  # dagster.yaml's dequeue interval is 1 s
+RUNNING = {DagsterRunStatus.STARTING, DagsterRunStatus.STARTED}
+STARTED = {DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE}
+
+
+def test_an_interactive_run_starts_before_queued_background_runs(fleet, sandbox) -> None:
+    from tests.e2e.conftest import SECRET, wait_for
+
+    store = StateStore.from_url(f"sqlite:///{fleet.data_dir / 'state.db'}")
+    instance = fleet.instance
+    background = [normalize_lead("domain", f"bulk{i}.example") for i in range(12)]
+    for lead in background:
+        store.add_lead(lead, case_id="case-bulk")
+    instance.add_dynamic_partitions("leads", [lead.id for lead in background])
+    # Slow answers (under the sources' 5 s timeout) keep each background run busy for ~9 s: two
+    # rounds of two leads; batches of 4 leads make three runs per source, more than their slots.
+    for source in ("slow", "quiet"):
+        sandbox.app_state.configure(source, {"delay_s": [4.5, 4.5]})
+    try:
+        store.enqueue([(s, lead.id) for s in ("slow", "quiet") for lead in background], origin="backfill:e2e",
+                      priority_class="backfill")
+
+        def background_runs():
+            return instance.get_runs(RunsFilter(tags={"investigations/origin": "backfill:e2e"}))
+
+        wait_for(lambda: (rs := background_runs()) and sum(r.status in STARTED for r in rs) >= 3
+                 and any(r.status == DagsterRunStatus.QUEUED for r in rs),
+                 timeout_s=120, what="background runs filling their slots with more queued")
+
+        lead = normalize_lead("domain", "urgent-priority.example")
+        answer = send_case(fleet.intake_url, SECRET, {"case_id": "case-urgent", "leads": [lead.as_dict()],
+                                                      "sources": ["robust"]})
+        assert answer.status_code == 202
+        urgent_filter = RunsFilter(tags={"investigations/lead_id": lead.id})
+        wait_for(lambda: instance.get_runs(urgent_filter), timeout_s=30, what="the interactive run to be created")
+        running_then = [r.run_id for r in background_runs() if r.status in RUNNING]
+        # A dequeue pass already under way when the run was created may still launch what it had
+        # sorted before; after one more pass, whatever is still queued must wait behind it.
+        time.sleep(DEQUEUE_PASS_S)
+        still_queued = [r.run_id for r in background_runs() if r.status == DagsterRunStatus.QUEUED]
+        (urgent,) = wait_for(lambda: [rec for rec in instance.get_run_records(urgent_filter) if rec.start_time],
+                             timeout_s=60, what="the interactive run to start")
+        assert urgent.dagster_run.tags[PRIORITY_CLASS_TAG] == "interactive"
+        records = {rec.dagster_run.run_id: rec for rec in instance.get_run_records(
+            RunsFilter(tags={"investigations/origin": "backfill:e2e"}))}
+        # Headroom: it did not wait for any background run that was running to finish.
+        assert all(records[run_id].end_time is None or records[run_id].end_time > urgent.start_time
+                   for run_id in running_then)
+        # Priority: no background run still queued started before it.
+        assert all(records[run_id].start_time is None or records[run_id].start_time > urgent.start_time
+                   for run_id in still_queued)
+    finally:
+        for source in ("slow", "quiet"):
+            sandbox.app_state.configure(source, {"delay_s": [0.05, 0.1]})
