@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from investigations.config import ConfigError, Settings
-from investigations.leads import LeadError, normalize_lead
+from investigations.leads import LEAD_KINDS, LeadError, normalize_lead
 from investigations.specs import SpecError
 
 
@@ -88,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_requeue.add_argument("--all", action="store_true", help="requeue every dead letter")
     dlq_requeue.add_argument("--priority", default="recurring", choices=["interactive", "recurring", "backfill"])
     dlq_requeue.set_defaults(func=_dlq_requeue)
+
+    records = sub.add_parser("records", help="query collected records across sources and leads (DuckDB over Parquet)")
+    records.add_argument("--source", help="only this source")
+    records.add_argument("--lead", help="a lead id, or kind:value (e.g. domain:example.com)")
+    records.add_argument("--contains", help="only records whose fields contain this text")
+    records.add_argument("--limit", type=int, default=50)
+    records.add_argument("--json", action="store_true")
+    records.set_defaults(func=_records)
 
     fleet = sub.add_parser("fleet", help="per source: requests and outcomes, backlog, circuit, current rate")
     fleet.add_argument("--hours", type=float, default=24.0)
@@ -221,6 +229,26 @@ def _dlq_requeue(args: argparse.Namespace) -> int:
           + (f"; {matching - len(queued)} already queued" if matching > len(queued) else ""))
     for letter in queued:
         print(f"  {letter.source} {letter.lead_id} ({letter.reason_group})")
+    return 0
+
+
+def _records(args: argparse.Namespace) -> int:
+    from investigations.records import query_records
+
+    lead_id = args.lead
+    kind, colon, value = (lead_id or "").partition(":")
+    if colon and kind in LEAD_KINDS:  # lead ids have no colon: this is kind:value
+        lead_id = normalize_lead(kind, value).id
+    rows = query_records(Settings.from_env().records_dir, source=args.source, lead_id=lead_id,
+                         contains=args.contains, limit=args.limit)
+    if args.json:
+        print(json.dumps(rows, default=str, indent=2))
+        return 0
+    if not rows:
+        print("no records")
+    for row in rows:
+        print(f"{row['source']:<10} {row['lead_id']}  {row['record_key']:<18} {row['fetched_at']:%Y-%m-%d %H:%M}  "
+              f"{row['fields'][:100]}")
     return 0
 
 

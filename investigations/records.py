@@ -124,3 +124,31 @@ def _atomic_write_parquet(table: pa.Table, path: Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def query_records(
+    root: str | os.PathLike[str],
+    *,
+    source: str | None = None,
+    lead_id: str | None = None,
+    contains: str | None = None,
+    limit: int = 50,
+) -> list[dict[str, Any]]:
+    """Records across every (source, lead) file, newest first, straight from the Parquet files."""
+    import duckdb
+
+    root = Path(root)
+    pattern = root / (source or "*") / f"{lead_id or '*'}.parquet"
+    if not any(root.glob(str(pattern.relative_to(root)))):
+        return []
+    conditions, params = [], [str(pattern)]
+    if contains:
+        conditions.append("strpos(lower(fields), lower(?)) > 0")
+        params.append(contains)
+    where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
+    query = (f"SELECT source, lead_id, record_key, url, fetched_at, fields FROM read_parquet(?) {where} "
+             f"ORDER BY fetched_at DESC, source, lead_id, record_key LIMIT {int(limit)}")
+    with duckdb.connect() as conn:
+        cursor = conn.execute(query, params)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row)) for row in cursor.fetchall()]

@@ -160,3 +160,26 @@ def test_a_corrupt_stored_file_is_rewritten(tmp_path: Path) -> None:
     result = store.write("robust", LEAD, RECORDS, fetched_at=T0)
     assert result.changed is True
     assert store.read("robust", LEAD).num_rows == 3
+
+
+def test_query_records_reads_across_sources_and_filters(tmp_path) -> None:
+    from dataclasses import dataclass
+    from datetime import UTC, datetime
+
+    from investigations.records import RecordStore, query_records
+
+    @dataclass
+    class Rec:
+        key: str
+        url: str | None
+        fields: dict
+
+    store = RecordStore(tmp_path)
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    store.write("robust", "domain-1", [Rec("a", None, {"value": "mx.example.com"})], fetched_at=at)
+    store.write("flaky", "domain-1", [Rec("b", None, {"title": "Hello"})], fetched_at=at)
+    store.write("flaky", "domain-2", [Rec("c", None, {"title": "Other"})], fetched_at=at)
+    assert len(query_records(tmp_path)) == 3
+    assert {r["source"] for r in query_records(tmp_path, lead_id="domain-1")} == {"robust", "flaky"}
+    assert [r["record_key"] for r in query_records(tmp_path, source="flaky", contains="hello")] == ["b"]
+    assert query_records(tmp_path, source="nothing-here") == []
