@@ -7,6 +7,7 @@ the pure decisions in `classify`. Clock, sleep and randomness are injected so te
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import time
@@ -113,6 +114,17 @@ def _redact_param(piece: str) -> str:
 def _redact_text(text: str) -> str:
     # Exception messages sometimes quote the url they failed on.
     return _URL_IN_TEXT.sub(lambda match: redact_url(match.group()), text)
+
+
+class _RedactUrlsFilter(logging.Filter):
+    """httpx logs every request's full URL at INFO; a source key in a query string would go with it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = _redact_text(record.getMessage()), ()
+        return True
+
+
+logging.getLogger("httpx").addFilter(_RedactUrlsFilter())
 
 
 def _utc_now() -> datetime:
