@@ -148,15 +148,32 @@ class Collector:
             self.circuits.record(spec.name, spec.circuit, success=success)
 
     def _park(self, source: str, lead_id: str, *, retry_in_s: float, reason: str) -> NoReturn:
-        self.store.park_dispatched(source, lead_id, until=self.now() + timedelta(seconds=retry_in_s))
+        now = self.now()
+        until = now + timedelta(seconds=retry_in_s)
+        if not self.store.park_dispatched(source, lead_id, until=until):
+            # Launched outside the backlog (from the UI, say): queue it so the work is not lost.
+            self.store.enqueue([(source, lead_id)], origin=f"parked:{now.isoformat()}", priority_class="recurring",
+                               not_before=until, now=now)
         raise CollectionParked(source=source, lead_id=lead_id, retry_in_s=retry_in_s, reason=reason)
 
-    def _fail(self, source: str, lead_id: str, run_id: str | None, **reason: object) -> NoReturn:
-        if reason["reason_group"] in SOURCE_FAILURES:
+    def _fail(
+        self,
+        source: str,
+        lead_id: str,
+        run_id: str | None,
+        *,
+        reason_group: str,
+        last_status: int | None,
+        attempts: int,
+        last_error: str,
+    ) -> NoReturn:
+        if reason_group in SOURCE_FAILURES:
             self._record_circuit(self.catalog.get(source), success=False)
         now = self.now()
-        self.store.put_dead_letter(source=source, lead_id=lead_id, now=now, **reason)  # type: ignore[arg-type]
+        self.store.put_dead_letter(source=source, lead_id=lead_id, reason_group=reason_group,
+                                   last_status=last_status, attempts=attempts, last_error=last_error, now=now)
         self.store.record_collection(source=source, lead_id=lead_id, outcome="failed", records=0,
                                      content_hash=None, path=None, run_id=run_id, now=now)
         self.store.finish_dispatched(source, lead_id, outcome="failed", now=now)
-        raise CollectionFailed(source=source, lead_id=lead_id, **reason)  # type: ignore[arg-type]
+        raise CollectionFailed(source=source, lead_id=lead_id, reason_group=reason_group,
+                               last_status=last_status, attempts=attempts, last_error=last_error)

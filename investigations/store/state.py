@@ -459,7 +459,7 @@ class StateStore:
             )
         return result.rowcount
 
-    def park_dispatched(self, source: str, lead_id: str, *, until: datetime, now: datetime | None = None) -> int:
+    def park_dispatched(self, source: str, lead_id: str, *, until: datetime) -> int:
         """Put the dispatched rows of (source, lead) back in the queue, ready again at `until`."""
         q = s.collection_queue
         with self.engine.begin() as conn:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from investigations.collect import CollectionFailed, Collector
+from investigations.collect import CollectionFailed, CollectionParked, Collector
 from investigations.fetcher import Fetcher
 from investigations.leads import Lead, normalize_lead
+from investigations.pacing import Circuits
 from investigations.records import RecordStore
 from investigations.specs import SourceCatalog, load_sources, parse_sources
 from investigations.store import StateStore
@@ -215,3 +216,22 @@ def test_a_lead_of_a_kind_the_source_does_not_take_is_an_unknown_lead(world: Wor
         world.collector(fleet).collect("robust", lead_id)
     assert raised.value.reason_group == "unknown_lead"
     assert "does not take" in raised.value.last_error
+
+
+def test_a_parked_collection_launched_outside_the_backlog_is_queued_not_lost(sandbox, tmp_path) -> None:
+    catalog = load_sources(Path(__file__).resolve().parents[2] / "sources.yaml",
+                           env={"INVESTIGATIONS_SANDBOX_URL": sandbox.url})
+    store = StateStore.from_url(f"sqlite:///{tmp_path / 'state.db'}")
+    lead = normalize_lead("domain", "example.com")
+    store.add_lead(lead, case_id="c")
+    spec = catalog.get("robust")
+    circuits = Circuits(store)
+    for _ in range(spec.circuit.failure_threshold):
+        circuits.record("robust", spec.circuit, success=False)
+    with Fetcher(sink=store) as fetcher:
+        collector = Collector(catalog=catalog, store=store, records=RecordStore(tmp_path / "records"),
+                              fetcher=fetcher, circuits=circuits)
+        with pytest.raises(CollectionParked):
+            collector.collect("robust", lead.id)
+    assert store.queue_depths()["robust"]["waiting"] == 1
+    assert store.dead_letters() == []
