@@ -64,6 +64,27 @@ class GapSampler:
         return interval_s * self.rng.lognormvariate(self._mu, self.sigma)
 
 
+DELAY_MEDIAN = 0.5  # of the interval: sends spread over their slot, which blurs its period most
+
+
+def send_delay_s(sampler: GapSampler, interval_s: float) -> float:
+    """How long after its slot a request leaves.
+
+    The rate lanes space their slots exactly by the permitted interval, so no window ever holds more
+    requests than the source allows (a jittered slot spacing would bunch up now and then, and a
+    strict limiter counts every bunch). The sends are what a source sees: each leaves a heavy-tailed
+    delay after its slot (lognormal, median DELAY_MEDIAN x interval, capped at one interval), and now
+    and then after a long pause. Gaps between sends then vary around the interval, with no period.
+    A sampler with sigma 0 and no pauses gives no delay: exact spacing, for tests.
+    """
+    if sampler.rng.random() < sampler.pause_probability:
+        return interval_s * sampler.rng.uniform(*sampler.pause_range)
+    if sampler.sigma == 0:
+        return 0.0
+    # Twice the gap sigma: a delay confined to one interval needs a wider spread to blur the period.
+    return interval_s * min(1.0, DELAY_MEDIAN * sampler.rng.lognormvariate(0.0, 2 * sampler.sigma))
+
+
 def jittered_start_s(period_s: float, *, rng: random.Random, spread: float = 0.1) -> float:
     """A random offset in [0, spread x period_s) for a schedule or sensor start.
 

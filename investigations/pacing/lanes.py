@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from investigations.events import Outcome
 from investigations.pacing import aimd
-from investigations.pacing.jitter import GapSampler
+from investigations.pacing.jitter import GapSampler, send_delay_s
 from investigations.store import schema as s
 from investigations.store.state import StateStore
 
@@ -59,6 +59,7 @@ class Reservation:
 
     granted: bool
     wait_s: float
+    delay_s: float = 0.0  # the part of wait_s that is jitter after the slot opened
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class LaneState:
 class _Slot:
     lane: LaneSpec
     start_s: float  # the lane's GCRA start: max(tat, now, not_before)
-    gap_s: float  # what this request added to the lane's TAT
+    gap_s: float  # what this request added to the lane's TAT: one interval
     send_at_s: float  # the earliest moment this lane lets the request go
 
 
@@ -94,10 +95,12 @@ class RateLanes:
         """Reserve the next slot on every lane in one transaction; the caller sleeps `wait_s`, then sends.
 
         Per lane: interval = 1 / (rate x factor), burst tolerance tau = (burst - 1) x interval,
-        start = max(tat, now, not_before), wait = max(0, start - tau - now, not_before - now), and the
-        TAT moves to start + a jittered gap. When the longest wait over the lanes exceeds `max_wait_s`
-        nothing is reserved (rolled back) and `granted` is False, so the caller can park the work
-        instead of holding a worker asleep.
+        start = max(tat, now, not_before), the slot opens at max(now, start - tau, not_before), and the
+        TAT moves to start + interval: slots are exactly GCRA, so they never exceed what a strict
+        limiter allows. The request then leaves a heavy-tailed delay after its slot (see
+        jitter.send_delay_s), which is what makes the sends irregular. When the wait exceeds
+        `max_wait_s` nothing is reserved (rolled back) and `granted` is False, so the caller can park
+        the work instead of holding a worker asleep.
         """
         ordered = _unique_sorted(lanes)
         if not ordered:
@@ -105,8 +108,10 @@ class RateLanes:
         now = self._clock()
         with self._store.engine.connect() as conn, conn.begin() as tx:
             slots = [self._take_slot(conn, lane, now) for lane in ordered]
-            send_at = max(slot.send_at_s for slot in slots)
-            wait = send_at - now
+            binding = max(slots, key=lambda slot: slot.send_at_s)
+            send_at = binding.send_at_s
+            delay = send_delay_s(self._sampler, binding.gap_s)
+            wait = send_at - now + delay
             if wait > max_wait_s:
                 tx.rollback()
                 return Reservation(granted=False, wait_s=wait)
@@ -116,7 +121,7 @@ class RateLanes:
                 if send_at > slot.start_s:
                     held_back = update(_T).where(_T.c.lane == slot.lane.name)
                     conn.execute(held_back.values(tat_s=send_at + slot.gap_s))
-        return Reservation(granted=True, wait_s=wait)
+        return Reservation(granted=True, wait_s=wait, delay_s=delay)
 
     def feedback(
         self,
@@ -170,11 +175,10 @@ class RateLanes:
             return [LaneState(**row) for row in conn.execute(select(_T).order_by(_T.c.lane)).mappings()]
 
     def _take_slot(self, conn: Connection, lane: LaneSpec, now: float) -> _Slot:
-        # One unit draw, scaled inside the statement by the factor the row holds at that moment: the
-        # gap is linear in the interval, and reading the factor first would be a race.
-        unit = self._sampler.gap_s(1.0)
+        # The interval is computed inside the statement from the factor the row holds at that
+        # moment: reading the factor first would be a race.
         greatest, _ = _max_min(conn)
-        first = {"lane": lane.name, "tat_s": now + unit / lane.rate_per_s, "not_before_s": 0.0,
+        first = {"lane": lane.name, "tat_s": now + 1.0 / lane.rate_per_s, "not_before_s": 0.0,
                  "rate_factor": 1.0, "updated_at_s": now}
         gcra_start = greatest(_T.c.tat_s, now, _T.c.not_before_s)
         stmt = (
@@ -182,13 +186,13 @@ class RateLanes:
             .values(first)
             .on_conflict_do_update(
                 index_elements=[_T.c.lane],
-                set_={"tat_s": gcra_start + unit / (lane.rate_per_s * _T.c.rate_factor), "updated_at_s": now},
+                set_={"tat_s": gcra_start + 1.0 / (lane.rate_per_s * _T.c.rate_factor), "updated_at_s": now},
             )
             .returning(_T.c.tat_s, _T.c.not_before_s, _T.c.rate_factor)
         )
         tat, not_before, factor = conn.execute(stmt).one()
         interval = 1.0 / (lane.rate_per_s * factor)
-        gap = unit * interval
+        gap = interval
         start = tat - gap
         tau = (lane.burst - 1) * interval
         # The burst tolerance lets a request go up to tau before its slot; Retry-After is a hard floor.

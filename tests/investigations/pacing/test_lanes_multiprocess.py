@@ -1,9 +1,9 @@
 """Rate lanes across processes: six spawned workers share one lane through SQLite or Postgres.
 
-Real clock, real GapSampler. The exact checks come first: sorted by time, every reservation starts
-no earlier than the previous one plus the gap that one drew (no lost update between processes) and
-the lane never idles for long (the workers keep it busy). Then the achieved rate against the
-permitted one, with slack for the jitter's spread over a short window (WINDOW_SLACK, SECOND_SLACK).
+Real clock, real GapSampler. The exact checks come first: sorted by time, every slot opens no
+earlier than the previous one plus the interval (no lost update between processes) and the lane
+never idles for long (the workers keep it busy). Then the sends (each a jittered delay after its
+slot) against the permitted rate, with the slack the delay allows (WINDOW_SLACK, SECOND_SLACK).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import itertools
 import multiprocessing
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +28,11 @@ RATE_PER_S = 20.0
 BURST = 1
 WINDOW_S = 2.5
 LANE = LaneSpec("source:shared", RATE_PER_S, BURST)
-# Lognormal gaps (sigma 0.5) vary the count in a window by ~0.53 x sqrt(count): about 3.6 requests
-# over 2.5 s and 2.4 over 1 s. The slack covers that spread; anything racy would show as a multiple.
-WINDOW_SLACK = 5
-SECOND_SLACK = 6
-
-
-@dataclass(frozen=True)
-class _RecordingSampler(GapSampler):
-    draws: list[float] = field(default_factory=list)
-
-    def gap_s(self, interval_s: float) -> float:
-        gap = super().gap_s(interval_s)
-        self.draws.append(gap)
-        return gap
+INTERVAL_S = 1 / RATE_PER_S
+# Slots are exact; a send leaves at most one interval after its slot, so a window can hold at most
+# one send more than its slots. Anything racy would show as a multiple.
+WINDOW_SLACK = 1
+SECOND_SLACK = 1
 
 
 class _RecordingClock:
@@ -59,20 +50,19 @@ def _pace(url: str, schema: str | None, worker: int, barrier: Any, results: Any)
         # Pauses (3-10 intervals) are off: a few of them would decide a 2.5 s window on their own.
         # Their share of the mean is checked in test_jitter.
         # Seeded per worker: a run is reproducible up to how the processes interleave.
-        sampler = _RecordingSampler(random.Random(worker), pause_probability=0.0)
+        sampler = GapSampler(random.Random(worker), pause_probability=0.0)
         clock = _RecordingClock()
         lanes = RateLanes(store, sampler=sampler, clock=clock)
         lanes.state(LANE.name)  # connect before the start line
         barrier.wait(60)
         start = time.time()
-        slots: list[tuple[float, float]] = []  # (when the lane lets it go, the gap it added)
+        slots: list[float] = []  # when the lane let each request go, before its jitter
         sends: list[float] = []
         granted = True
         while time.time() < start + WINDOW_S:
             reservation = lanes.reserve([LANE], max_wait_s=5.0)
             granted &= reservation.granted
-            # The lane draws gap_s(1.0) and scales it by its interval (1 / rate: no throttling here).
-            slots.append((clock.last + reservation.wait_s, sampler.draws[-1] / RATE_PER_S))
+            slots.append(clock.last + reservation.wait_s - reservation.delay_s)
             time.sleep(reservation.wait_s)
             sends.append(time.time())
         results.put((start, granted, slots, sends))
@@ -84,7 +74,7 @@ def _pace(url: str, schema: str | None, worker: int, barrier: Any, results: Any)
 class Run:
     start: float
     granted: bool
-    slots: list[tuple[float, float]]
+    slots: list[float]
     sends: list[float]
 
 
@@ -116,12 +106,12 @@ def test_six_processes_share_one_lane_at_the_permitted_rate(
     run = run_workers(url, schema, monkeypatch)
 
     assert run.granted
-    # Exact: each slot starts no earlier than the previous slot plus the gap it drew.
-    overlaps = [b[0] - (a[0] + a[1]) for a, b in itertools.pairwise(run.slots) if b[0] < a[0] + a[1] - 1e-5]
+    # Exact: each slot opens no earlier than the previous one plus the interval.
+    overlaps = [b - (a + INTERVAL_S) for a, b in itertools.pairwise(run.slots) if b < a + INTERVAL_S - 1e-5]
     assert overlaps == []
     # Busy: the lane idled (no reservation waiting) for under 10% of the window.
-    in_window = [slot for slot in run.slots if slot[0] <= run.start + WINDOW_S]
-    idle_s = sum(max(0.0, b[0] - (a[0] + a[1])) for a, b in itertools.pairwise(in_window))
+    in_window = [slot for slot in run.slots if slot <= run.start + WINDOW_S]
+    idle_s = sum(max(0.0, b - (a + INTERVAL_S)) for a, b in itertools.pairwise(in_window))
     assert idle_s < 0.1 * WINDOW_S
 
     sends = [t for t in run.sends if run.start <= t <= run.start + WINDOW_S]
