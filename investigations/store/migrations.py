@@ -19,6 +19,10 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     ),
     # New tables only: creating them from their declaration is exact as long as they stay unchanged.
     2: lambda conn: s.metadata.create_all(conn, tables=[s.rate_lanes, s.circuits, s.collection_queue]),
+    3: lambda conn: s.metadata.create_all(
+        conn, tables=[s.identities, s.identity_leases, s.identity_health, s.range_rests, s.tier_state,
+                      s.identity_cookies]
+    ),
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Dialect,
@@ -26,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -199,4 +200,92 @@ collection_queue = Table(
     Column("outcome", String(16), nullable=True),
     UniqueConstraint("source", "lead_id", "origin", name="uq_queue_source_lead_origin"),
     Index("ix_queue_source_state", "source", "state", "not_before"),
+)
+
+
+# --- version 3: the identity pool ---------------------------------------------------------------
+# Times are wall-clock epoch seconds (`*_s`), like the rate lanes: several processes compare them.
+
+# The registry of identities, synced from the identities file. Never holds credentials: the proxy is
+# kept redacted, for display. An identity dropped from the file stays, inactive, so its history does.
+identities = Table(
+    "identities",
+    metadata,
+    Column("identity_id", String(64), primary_key=True),
+    Column("range", String(64), nullable=False),
+    Column("tier", String(32), nullable=False),
+    Column("tier_rank", Integer, nullable=False),  # position in the file's `tiers:` list, cheapest 0
+    Column("cost_per_request_usd", Float, nullable=False),
+    Column("cost_per_mb_usd", Float, nullable=False),
+    Column("proxy", Text, nullable=True),  # redacted proxy URL; NULL = direct
+    Column("active", Boolean, nullable=False),
+    Column("synced_at_s", Float, nullable=False),
+)
+
+# One lease slot per (source, identity), reused lease after lease: the key makes "one lease per
+# (identity, source) at a time" structural. The fencing token grows with every acquire, so a holder
+# whose lease ran out (and was taken over) can no longer write health back.
+identity_leases = Table(
+    "identity_leases",
+    metadata,
+    Column("source", String(64), nullable=False),
+    Column("identity_id", String(64), nullable=False),
+    Column("lease_id", String(32), nullable=True),  # of the current or last lease
+    Column("holder", String(200), nullable=True),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("acquired_at_s", Float, nullable=False),  # also the LRU order of the slot
+    Column("expires_at_s", Float, nullable=False),
+    Column("released", Boolean, nullable=False),
+    PrimaryKeyConstraint("source", "identity_id"),
+    # acquire walks a source's slots least recently leased first and stops at the first that fits.
+    Index("ix_identity_leases_lru", "source", "acquired_at_s", "identity_id"),
+)
+
+# Health of one identity at one source (investigations.identities.health is the state machine).
+identity_health = Table(
+    "identity_health",
+    metadata,
+    Column("identity_id", String(64), nullable=False),
+    Column("source", String(64), nullable=False),
+    Column("score", Float, nullable=False),
+    Column("state", String(16), nullable=False),  # healthy | resting | retired
+    Column("rests", Integer, nullable=False),
+    Column("rest_until_s", Float, nullable=True),
+    Column("flagged_at_s", Float, nullable=True),  # last time it was sent to rest (or retired)
+    Column("successes_in_row", Integer, nullable=False),
+    Column("updated_at_s", Float, nullable=False),
+    PrimaryKeyConstraint("identity_id", "source"),
+    Index("ix_identity_health_source_flagged", "source", "flagged_at_s"),
+)
+
+# A whole range (provider, subnet) resting at one source after several of its identities were flagged.
+range_rests = Table(
+    "range_rests",
+    metadata,
+    Column("range", String(64), nullable=False),
+    Column("source", String(64), nullable=False),
+    Column("rest_until_s", Float, nullable=False),
+    Column("rests", Integer, nullable=False),
+    Column("updated_at_s", Float, nullable=False),
+    PrimaryKeyConstraint("range", "source"),
+)
+
+# The tier a source is served from: escalated when the cheaper tier is blocked there, stepped back
+# down after a run of successes.
+tier_state = Table(
+    "tier_state",
+    metadata,
+    Column("source", String(64), primary_key=True),
+    Column("tier_index", Integer, nullable=False),
+    Column("successes_in_row", Integer, nullable=False),
+    Column("updated_at_s", Float, nullable=False),
+)
+
+# Each identity's cookie jar, kept across runs so a site keeps seeing the same visitor.
+identity_cookies = Table(
+    "identity_cookies",
+    metadata,
+    Column("identity_id", String(64), primary_key=True),
+    Column("cookies", Text, nullable=False),  # JSON list of {name, value, domain, path, expires, secure}
+    Column("updated_at_s", Float, nullable=False),
 )

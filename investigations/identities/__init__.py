@@ -1,0 +1,69 @@
+"""Identity pool: what requests go out as (proxy + cookies + fingerprint), leased per source.
+
+Identities come from the identities file (`config`), keep a health per source (`health`, a pure
+state machine), are leased from the state store with fencing tokens (`pool`) and keep their cookie
+jar across runs (`sessions`). Plain Python, no Dagster: `resources/identities.py` hands it to runs.
+"""
+
+from investigations.identities.config import (
+    DEFAULT_FINGERPRINT,
+    DIRECT_CATALOG,
+    DIRECT_ID,
+    FingerprintSpec,
+    IdentityCatalog,
+    IdentityError,
+    IdentitySpec,
+    load_identities,
+    parse_identities,
+    redact_proxy_url,
+)
+from investigations.identities.health import (
+    DEFAULT_BLOCK_MARKERS,
+    DEFAULT_POLICY,
+    HEALTHY,
+    HealthEvent,
+    HealthPolicy,
+    IdentityHealth,
+    IdentityVerdict,
+    choose_tier,
+    classify_for_identity,
+    health_event,
+    next_health,
+    next_tier_state,
+    range_should_rest,
+    rest_s,
+)
+from investigations.identities.pool import IdentityPool, IdentityUnavailable, Lease, identity_lane_name
+from investigations.identities.sessions import CookieStore
+
+__all__ = [
+    "DEFAULT_BLOCK_MARKERS",
+    "DEFAULT_FINGERPRINT",
+    "DEFAULT_POLICY",
+    "DIRECT_CATALOG",
+    "DIRECT_ID",
+    "HEALTHY",
+    "CookieStore",
+    "FingerprintSpec",
+    "HealthEvent",
+    "HealthPolicy",
+    "IdentityCatalog",
+    "IdentityError",
+    "IdentityHealth",
+    "IdentityPool",
+    "IdentitySpec",
+    "IdentityUnavailable",
+    "IdentityVerdict",
+    "Lease",
+    "choose_tier",
+    "classify_for_identity",
+    "health_event",
+    "identity_lane_name",
+    "load_identities",
+    "next_health",
+    "next_tier_state",
+    "parse_identities",
+    "range_should_rest",
+    "redact_proxy_url",
+    "rest_s",
+]
