@@ -274,7 +274,7 @@ def _fleet(args: argparse.Namespace) -> int:
             "outcomes": stats["outcomes"],
             "mean_latency_ms": round(stats["latency_ms"], 1),
             "last_request_at": stats["last_at"],
-            "queue": depths.get(spec.name, {"ready": 0, "waiting": 0, "dispatched": 0}),
+            "queue": depths.get(spec.name, {"ready": 0, "waiting": 0, "dispatched": 0, "dispatched_interactive": 0}),
             "circuit": circuit.state if circuit else "closed",
             "rate_per_s": round(spec.rate.source_per_s * (lane.rate_factor if lane else 1.0), 3),
             "configured_rate_per_s": spec.rate.source_per_s,

@@ -172,24 +172,30 @@ def dispatch(
         depth = depths.get(spec.name)
         if not depth or not depth["ready"]:
             continue
-        room = min(spec.max_in_flight - depth["dispatched"], max_runs - len(requests))
+        allowed = None
         if circuits is not None:
             allowed, why = circuit_room(circuits, spec.name, now_s=now.timestamp())
             if why:
                 reasons.append(why)
-            if allowed is not None:
-                if allowed == 0:
-                    continue
-                room = min(room, allowed - depth["dispatched"])
-                if room <= 0:
-                    continue
-        if room <= 0:
+            if allowed == 0:
+                continue
+        # Interactive work has its own max_in_flight, so a full background backlog never holds a
+        # fresh lead back; background work gets what the source's whole bound leaves.
+        interactive_room = spec.max_in_flight - depth["dispatched_interactive"]
+        background_room = spec.max_in_flight - depth["dispatched"]
+        if allowed is not None:  # a probe: one collection at a time, whatever its class
+            interactive_room = background_room = min(allowed - depth["dispatched"], 1)
+        rows = store.dispatch(spec.name, limit=min(interactive_room, max_runs - len(requests)), now=now,
+                              classes=[PriorityClass.INTERACTIVE.value])
+        background_room = min(background_room - len(rows), max_runs - len(requests) - len(rows))
+        if background_room > 0:
+            rows += store.dispatch(spec.name, limit=background_room, now=now,
+                                   classes=[PriorityClass.RECURRING.value, PriorityClass.BACKFILL.value])
+        elif depth["ready"] > len(rows):
             reasons.append(
                 f"{spec.name}: {depth['dispatched']} collections in flight (max_in_flight {spec.max_in_flight}); "
-                f"{depth['ready']} wait in the backlog"
+                f"{depth['ready'] - len(rows)} wait in the backlog"
             )
-            continue
-        rows = store.dispatch(spec.name, limit=room, now=now)
         requests.extend(run_requests_for(spec, rows, partition_order))
     return requests, reasons
 

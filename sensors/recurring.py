@@ -2,7 +2,8 @@
 
 Each source's `recrawl_every` says how fast it changes. Every tick this sensor queues, per source,
 the monitored leads that are due, as `recurring` work in the fleet's backlog, starting at a
-jittered moment within the window; then it hands ready work to Dagster in batch runs. It skips a
+jittered moment within the window. The `new_leads` sensor, the one dispatcher, hands that work to
+Dagster in batch runs (one dispatcher: it alone adds new leads to the partitions). It skips a
 source, and says why, while its circuit rests or its backlog is full.
 """
 
@@ -18,7 +19,6 @@ from investigations.priority import PriorityClass
 from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore, utcnow
 from resources.fleet import FleetResource
-from sensors.new_leads import MAX_RUNS_PER_TICK, dispatch, partition_order_of
 
 RECURRING_SENSOR = "recurring_crawls"
 INTERVAL_S = 60
@@ -83,20 +83,15 @@ def build_recurring_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> Sen
         minimum_interval_seconds=INTERVAL_S,
         default_status=DefaultSensorStatus.RUNNING,
         description="Queues monitored leads (in active cases) whose last success is older than their source's "
-        "recrawl_every, then dispatches ready background work as batch runs.",
+        "recrawl_every; the new_leads sensor dispatches them as batch runs.",
     )
     def recurring_crawls(context: SensorEvaluationContext, fleet: FleetResource) -> SensorResult:
-        circuits = Circuits(fleet.store)
-        plans = plan_recurring(fleet.store, catalog, circuits=circuits)
-        run_requests, reasons = dispatch(fleet.store, catalog, max_runs=MAX_RUNS_PER_TICK, circuits=circuits,
-                                         partition_order=partition_order_of(context.instance))
+        plans = plan_recurring(fleet.store, catalog, circuits=Circuits(fleet.store))
         summary = "; ".join(
             f"{p.source}: skipped, {p.skipped}" if p.skipped else f"{p.source}: {p.due} due, {p.queued} queued"
             for p in plans
         )
         context.log.info(summary)
-        if not run_requests:
-            return SensorResult(skip_reason=f"no run requested. {summary}. {'; '.join(reasons)}".strip())
-        return SensorResult(run_requests=run_requests)
+        return SensorResult(skip_reason=f"queued for dispatch by new_leads: {summary}")
 
     return recurring_crawls

@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from investigations.events import Outcome
 from investigations.pacing import aimd
-from investigations.pacing.jitter import GapSampler, send_delay_s
+from investigations.pacing.jitter import GapSampler
 from investigations.store import schema as s
 from investigations.store.state import StateStore
 
@@ -77,7 +77,8 @@ class LaneState:
 class _Slot:
     lane: LaneSpec
     start_s: float  # the lane's GCRA start: max(tat, now, not_before)
-    gap_s: float  # what this request added to the lane's TAT: one interval
+    gap_s: float  # what this request added to the lane's TAT: one interval and its slack
+    interval_s: float  # the lane's permitted interval at this moment
     send_at_s: float  # the earliest moment this lane lets the request go
 
 
@@ -96,9 +97,10 @@ class RateLanes:
 
         Per lane: interval = 1 / (rate x factor), burst tolerance tau = (burst - 1) x interval,
         start = max(tat, now, not_before), the slot opens at max(now, start - tau, not_before), and the
-        TAT moves to start + interval: slots are exactly GCRA, so they never exceed what a strict
-        limiter allows. The request then leaves a heavy-tailed delay after its slot (see
-        jitter.send_delay_s), which is what makes the sends irregular. When the wait exceeds
+        TAT moves to start + interval x (1 + a small heavy-tailed slack): slots are never closer than
+        GCRA allows, so they never exceed what a strict limiter allows, and their phase wanders. The
+        request then leaves a heavy-tailed delay after its slot opens (see jitter), which is what
+        makes the sends irregular. When the wait exceeds
         `max_wait_s` nothing is reserved (rolled back) and `granted` is False, so the caller can park
         the work instead of holding a worker asleep.
         """
@@ -110,7 +112,7 @@ class RateLanes:
             slots = [self._take_slot(conn, lane, now) for lane in ordered]
             binding = max(slots, key=lambda slot: slot.send_at_s)
             send_at = binding.send_at_s
-            delay = send_delay_s(self._sampler, binding.gap_s)
+            delay = self._sampler.send_delay_s(binding.interval_s)
             wait = send_at - now + delay
             if wait > max_wait_s:
                 tx.rollback()
@@ -175,10 +177,11 @@ class RateLanes:
             return [LaneState(**row) for row in conn.execute(select(_T).order_by(_T.c.lane)).mappings()]
 
     def _take_slot(self, conn: Connection, lane: LaneSpec, now: float) -> _Slot:
-        # The interval is computed inside the statement from the factor the row holds at that
-        # moment: reading the factor first would be a race.
+        # The slot's length in intervals is drawn here and scaled inside the statement by the factor
+        # the row holds at that moment: reading the factor first would be a race.
+        units = self._sampler.slot_units()
         greatest, _ = _max_min(conn)
-        first = {"lane": lane.name, "tat_s": now + 1.0 / lane.rate_per_s, "not_before_s": 0.0,
+        first = {"lane": lane.name, "tat_s": now + units / lane.rate_per_s, "not_before_s": 0.0,
                  "rate_factor": 1.0, "updated_at_s": now}
         gcra_start = greatest(_T.c.tat_s, now, _T.c.not_before_s)
         stmt = (
@@ -186,17 +189,17 @@ class RateLanes:
             .values(first)
             .on_conflict_do_update(
                 index_elements=[_T.c.lane],
-                set_={"tat_s": gcra_start + 1.0 / (lane.rate_per_s * _T.c.rate_factor), "updated_at_s": now},
+                set_={"tat_s": gcra_start + units / (lane.rate_per_s * _T.c.rate_factor), "updated_at_s": now},
             )
             .returning(_T.c.tat_s, _T.c.not_before_s, _T.c.rate_factor)
         )
         tat, not_before, factor = conn.execute(stmt).one()
         interval = 1.0 / (lane.rate_per_s * factor)
-        gap = interval
+        gap = units * interval
         start = tat - gap
         tau = (lane.burst - 1) * interval
         # The burst tolerance lets a request go up to tau before its slot; Retry-After is a hard floor.
-        return _Slot(lane=lane, start_s=start, gap_s=gap, send_at_s=max(now, start - tau, not_before))
+        return _Slot(lane=lane, start_s=start, gap_s=gap, interval_s=interval, send_at_s=max(now, start - tau, not_before))
 
 
 def _unique_sorted(lanes: Sequence[LaneSpec]) -> list[LaneSpec]:

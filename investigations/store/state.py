@@ -400,24 +400,34 @@ class StateStore:
             return len(_insert_new(conn, s.collection_queue, rows, keys=["source", "lead_id", "origin"]))
 
     def queue_depths(self, *, now: datetime | None = None) -> dict[str, dict[str, int]]:
-        """Per source: collections queued and ready, queued but waiting (not_before), dispatched."""
+        """Per source: collections queued and ready, queued but waiting (not_before), dispatched, and
+        of those dispatched, how many are interactive."""
         now = now or utcnow()
         q = s.collection_queue
-        ready = (q.c.state == "queued") & (q.c.not_before <= now)
-        query = select(q.c.source, q.c.state, (q.c.state == "queued") & ~ready, func.count()).where(
-            q.c.state != "done"
-        ).group_by(q.c.source, q.c.state, (q.c.state == "queued") & ~ready)
+        waiting = (q.c.state == "queued") & (q.c.not_before > now)
+        interactive = q.c.priority_class == "interactive"
+        query = (
+            select(q.c.source, q.c.state, waiting, interactive, func.count())
+            .where(q.c.state != "done")
+            .group_by(q.c.source, q.c.state, waiting, interactive)
+        )
         depths: dict[str, dict[str, int]] = {}
         with self.engine.begin() as conn:
-            for source, state, waiting, count in conn.execute(query):
-                entry = depths.setdefault(source, {"ready": 0, "waiting": 0, "dispatched": 0})
-                key = "dispatched" if state == "dispatched" else ("waiting" if waiting else "ready")
+            for source, state, is_waiting, is_interactive, count in conn.execute(query):
+                entry = depths.setdefault(source, {"ready": 0, "waiting": 0, "dispatched": 0,
+                                                   "dispatched_interactive": 0})
+                key = "dispatched" if state == "dispatched" else ("waiting" if is_waiting else "ready")
                 entry[key] += count
+                if state == "dispatched" and is_interactive:
+                    entry["dispatched_interactive"] += count
         return depths
 
-    def dispatch(self, source: str, *, limit: int, now: datetime | None = None) -> list[QueuedCollection]:
-        """Take up to `limit` ready collections of `source`, highest priority first, and mark them
-        dispatched. A lead already dispatched for this source is not dispatched twice at once."""
+    def dispatch(
+        self, source: str, *, limit: int, now: datetime | None = None, classes: Sequence[str] | None = None
+    ) -> list[QueuedCollection]:
+        """Take up to `limit` ready collections of `source` (of these priority `classes`, default all),
+        highest priority first, and mark them dispatched. A lead already dispatched for this source is
+        not dispatched twice at once."""
         if limit <= 0:
             return []
         now = now or utcnow()
@@ -430,6 +440,8 @@ class StateStore:
                 .order_by(_queue_rank(), q.c.id)
                 .limit(limit * 4)
             )
+            if classes is not None:
+                query = query.where(q.c.priority_class.in_(list(classes)))
             if conn.dialect.name == "postgresql":
                 query = query.with_for_update(skip_locked=True)
             picked: list[dict[str, Any]] = []

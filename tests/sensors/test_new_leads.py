@@ -167,3 +167,13 @@ def test_background_work_becomes_batch_runs_in_a_sensor_tick(world) -> None:
     (batch,) = result.run_requests
     assert batch.partition_key is None and batch.tags["investigations/batch_leads"].count(",") == 1  # 2 leads: max_in_flight is 2 here
     assert not result.dynamic_partitions_requests
+
+
+def test_a_fresh_lead_is_dispatched_even_when_background_work_fills_max_in_flight(world) -> None:
+    _, store, sensor, instance = world
+    _accept(store, [f"bulk{i}.example" for i in range(4)], webhook="bulk", sources=["robust"], priority="backfill")
+    first = _evaluate(sensor, instance)
+    assert len(first.run_requests) == 2  # background filled robust's max_in_flight of 2
+    (urgent,) = _accept(store, ["urgent.example"], webhook="urgent", sources=["robust"])
+    (request,) = _evaluate(sensor, instance, cursor=first.cursor).run_requests
+    assert request.partition_key == urgent.id

@@ -427,7 +427,7 @@ def test_an_identity_whose_lane_is_booked_ahead_is_skipped_when_lanes_are_given(
     store: StateStore, make_pool, clock: FakeClock
 ) -> None:
     pool = make_pool(only(ident("dc1_a", "dc1"), ident("dc2_a", "dc2")))
-    lanes = RateLanes(store, sampler=GapSampler(random.Random(0), sigma=0.0, pause_probability=0.0, mean_ratio=1.0),
+    lanes = RateLanes(store, sampler=GapSampler(random.Random(0), sigma=0.0, pause_probability=0.0),
                       clock=clock)
     lanes.reserve([LaneSpec(identity_lane_name("src", "dc1_a"), rate_per_s=0.1, burst=1)], max_wait_s=60)
     picks = set()

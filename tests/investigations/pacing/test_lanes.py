@@ -35,7 +35,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def lanes(store: StateStore, clock: FakeClock) -> RateLanes:
-    exact = GapSampler(random.Random(0), sigma=0.0, pause_probability=0.0, mean_ratio=1.0)
+    exact = GapSampler(random.Random(0), sigma=0.0, pause_probability=0.0)
     return RateLanes(store, sampler=exact, clock=clock)
 
 

@@ -18,7 +18,8 @@ def test_dispatch_takes_interactive_before_backfill_and_respects_the_limit(store
     store.enqueue([("robust", "urgent")], origin="inbox:9", priority_class="interactive", now=T0)
     picked = store.dispatch("robust", limit=2, now=T0)
     assert [row.lead_id for row in picked] == ["urgent", "bulk0"]
-    assert store.queue_depths(now=T0)["robust"] == {"ready": 2, "waiting": 0, "dispatched": 2}
+    assert store.queue_depths(now=T0)["robust"] == {"ready": 2, "waiting": 0, "dispatched": 2,
+                                                    "dispatched_interactive": 1}
 
 
 def test_a_lead_in_flight_is_not_dispatched_twice_for_one_source(store) -> None:
