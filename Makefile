@@ -19,7 +19,9 @@ test-postgres: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/pytest -m soak -q
 
+# The pacing bench measures against nginx's limit_req, Debian's nginx-light.
 bench: $(STAMP)
+	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || { apt-get update -qq && apt-get install -y -qq nginx-light; }
 	$(BIN)/python -m bench
 
 # The virtualenv is rebuilt whenever pyproject.toml changes.

@@ -1,0 +1,199 @@
+"""nginx `limit_req` on loopback: a real rate limiter the fleet did not write, in front of the sandbox.
+
+The bench writes a config into a temp dir and runs nginx in the foreground (`daemon off`, one process
+with `master_process off`, so it runs as the current user and one pid stops it), with its pid, logs and
+temp paths in that dir. One `server` per limiter, each with its own zone, so fleets measured side by
+side never share a bucket. Rejections answer 429 (`limit_req_status`); every limited request is
+logged as `$msec $status`, the limiter's own count of what it admitted and refused.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import httpx
+
+from bench.common import free_port
+
+NGINX_MISSING = (
+    "nginx is not installed, and the pacing bench needs its limit_req as the limiter under test.\n"
+    "Install it with:  apt-get update && apt-get install -y nginx-light   (Debian/Ubuntu, as root)\n"
+    "`make bench` does this once the Makefile's bench target installs it (see bench/README.md)."
+)
+START_TIMEOUT_S = 10.0
+PORT_ATTEMPTS = 5
+
+
+class NginxMissing(RuntimeError):
+    """nginx is not on this machine."""
+
+
+def find_nginx() -> str | None:
+    """The nginx binary (Debian puts it in /usr/sbin, often not on a user's PATH), or None."""
+    found = shutil.which("nginx")
+    if found:
+        return found
+    return next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).is_file()), None)
+
+
+@dataclass(frozen=True)
+class Limiter:
+    """One limited entry point: `rate=<rate_per_s>r/s burst=<burst> nodelay`, keyed by client address."""
+
+    name: str
+    rate_per_s: int
+    burst: int
+
+
+def _config(workdir: Path, limiters: list[Limiter], ports: dict[str, int], upstream: str) -> str:
+    zones = "\n".join(
+        f"    limit_req_zone $binary_remote_addr zone={lim.name}:1m rate={lim.rate_per_s}r/s;"
+        for lim in limiters
+    )
+    servers = "\n".join(
+        f"""    server {{
+        listen 127.0.0.1:{ports[lim.name]};
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        location = /healthz {{ proxy_pass http://sandbox; }}
+        location / {{
+            limit_req zone={lim.name} burst={lim.burst} nodelay;
+            access_log {workdir}/{lim.name}.log bench;
+            proxy_pass http://sandbox;
+        }}
+    }}"""
+        for lim in limiters
+    )
+    temp = workdir / "tmp"
+    return f"""# Written by bench/nginx.py for one bench run; deleted with its directory.
+daemon off;
+master_process off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {temp}/body;
+    proxy_temp_path {temp}/proxy;
+    fastcgi_temp_path {temp}/fastcgi;
+    uwsgi_temp_path {temp}/uwsgi;
+    scgi_temp_path {temp}/scgi;
+    log_format bench '$msec $status';
+    limit_req_status 429;
+    limit_req_log_level info;
+    upstream sandbox {{ server {upstream}; keepalive 32; }}
+{zones}
+{servers}
+}}
+"""
+
+
+class Nginx:
+    """nginx running in front of `upstream` (host:port) with one loopback port per limiter.
+
+    Use as a context manager (read `log_rows` inside it: leaving stops nginx and deletes its dir).
+    Ports are picked free; if one is taken before nginx binds it, nginx is started again on new ones.
+    """
+
+    def __init__(self, limiters: list[Limiter], upstream: str) -> None:
+        binary = find_nginx()
+        if binary is None:
+            raise NginxMissing(NGINX_MISSING)
+        self._binary, self._limiters, self._upstream = binary, limiters, upstream
+        self._tmp = tempfile.TemporaryDirectory(prefix="bench-nginx-")
+        self.workdir = Path(self._tmp.name)
+        self.ports: dict[str, int] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.cleanup()
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    def _start(self) -> None:
+        (self.workdir / "tmp").mkdir(exist_ok=True)
+        problem = ""
+        for _ in range(PORT_ATTEMPTS):
+            self.ports = {lim.name: free_port() for lim in self._limiters}
+            conf = self.workdir / "nginx.conf"
+            conf.write_text(_config(self.workdir, self._limiters, self.ports, self._upstream))
+            stderr = (self.workdir / "stderr.log").open("ab")
+            command = [self._binary, "-p", f"{self.workdir}/", "-e", str(self.workdir / "error.log"),
+                       "-c", str(conf)]
+            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
+            stderr.close()
+            if self._wait_ready():
+                return
+            problem = self._log_tail()
+            self.stop()
+            if "Address already in use" not in problem:
+                break
+        raise RuntimeError(f"nginx did not start:\n{problem}")
+
+    def _wait_ready(self) -> bool:
+        assert self._proc is not None
+        deadline_s = time.monotonic() + START_TIMEOUT_S
+        with httpx.Client(trust_env=False, timeout=1.0) as client:
+            pending = set(self.ports)
+            while pending and time.monotonic() < deadline_s and self._proc.poll() is None:
+                for name in sorted(pending):
+                    try:
+                        if client.get(f"{self.url(name)}/healthz").status_code == 200:
+                            pending.discard(name)
+                    except httpx.TransportError:
+                        pass
+                time.sleep(0.05)
+            return not pending
+
+    def _log_tail(self) -> str:
+        text = ""
+        for name in ("stderr.log", "error.log"):
+            path = self.workdir / name
+            if path.exists():
+                text += path.read_text(errors="replace")
+        return "\n".join(text.strip().splitlines()[-10:])
+
+    def log_rows(self, name: str) -> list[tuple[float, int]]:
+        """What the limiter `name` logged: (time in s, status) per limited request, in order."""
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return []
+        rows = []
+        for line in path.read_text().splitlines():
+            at, _, status = line.partition(" ")
+            rows.append((float(at), int(status)))
+        return rows
+
+    def stop(self) -> None:
+        """Stop nginx (SIGTERM, then SIGKILL), keeping its logs until `cleanup()`."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+    def cleanup(self) -> None:
+        """Stop nginx and delete its temp dir (config, logs)."""
+        self.stop()
+        self._tmp.cleanup()
