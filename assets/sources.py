@@ -93,6 +93,9 @@ def materialization(spec: SourceSpec, result: CollectionResult) -> AssetMaterial
             "requests": result.requests,
             "path": MetadataValue.path(result.path),
             "content_hash": result.content_hash,
+            # Who the requests went out as: ids only, never a proxy URL or credential.
+            "identity_ids": MetadataValue.json(result.identity_ids),
+            "lease_ids": MetadataValue.json(result.lease_ids),
         },
     )
 

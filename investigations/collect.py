@@ -2,22 +2,52 @@
 
 This is the engine call behind every source asset. It is idempotent: collecting the same
 (source, lead) again against the same answers stores the same file (see records.py).
+
+With an identity pool, a collection leases an identity for the source for as long as it runs and
+gives it back in `finally`, whatever happens. No identity free now means the collection is parked
+(back in the queue shortly, like an open circuit), not failed. An identity blocked mid-collection is
+released and another leased, up to MAX_IDENTITIES_PER_COLLECTION, so one bad identity does not fail
+the lead. Without a pool (no identities file) every request goes out as the one `direct` identity.
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import NoReturn
-from datetime import datetime
+
+import httpx
 
 from investigations.adapters import ParseError, ParsedRecord, build_adapter
-from investigations.fetcher import Fetcher, FetchFailed, FetchParked
+from investigations.fetcher import Fetcher, FetchFailed, FetchParked, IdentityBlocked
+from investigations.identities import Lease
 from investigations.pacing import Circuits
 from investigations.records import RecordStore
 from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore, utcnow
+
+log = logging.getLogger(__name__)
+
+# A collection whose identity gets blocked goes on with another, up to this many in all: one bad
+# identity must not fail a lead, but a source that blocks every identity it sees is not worth more.
+MAX_IDENTITIES_PER_COLLECTION = 3
+# No identity can go to the source now (all leased, resting or lane-limited): back in the queue for
+# this long. Short: leases last one collection, so one is usually free again within seconds.
+NO_IDENTITY_RETRY_S = 15.0
+# A lease outlives the longest a collection can spend on one request by this much (see lease_ttl_s).
+LEASE_MARGIN_S = 60.0
+
+
+def lease_ttl_s(spec: SourceSpec) -> float:
+    """How long to lease an identity for one request of `spec` at most: every attempt timing out
+    after the longest backoff, plus the time a throttled request may wait before it parks. The
+    lease is extended by that much before each further request, and released as soon as it ends."""
+    attempts_s = spec.retry.attempts * (spec.timeout_s + spec.retry.max_delay_s)
+    worst_request_s = attempts_s + spec.throttle.park_after_s
+    return worst_request_s + LEASE_MARGIN_S
 
 
 @dataclass(frozen=True)
@@ -32,6 +62,10 @@ class CollectionResult:
     changed: bool
     requests: int
     sample_keys: list[str] = field(default_factory=list)
+    # Who the requests went out as: identity ids (never proxy URLs or credentials), in order of use,
+    # and the leases they were sent under (none for the direct identity, which is not leased).
+    identity_ids: list[str] = field(default_factory=list)
+    lease_ids: list[str] = field(default_factory=list)
 
 
 class CollectionFailed(Exception):
@@ -68,7 +102,11 @@ SOURCE_FAILURES = frozenset({"transient", "throttled", "blocked"})
 
 
 class Collector:
-    """Runs collections with one fetcher; the caller owns (and closes) the fetcher and stores."""
+    """Runs collections with one fetcher; the caller owns (and closes) the fetcher and stores.
+
+    Identities are leased from the fetcher's pool (`fetcher.pool`), so the pool that hands out a
+    lease is always the one the fetcher reports health to.
+    """
 
     def __init__(
         self,
@@ -79,19 +117,25 @@ class Collector:
         fetcher: Fetcher,
         circuits: Circuits | None = None,
         now: Callable[[], datetime] = utcnow,
+        max_identities: int = MAX_IDENTITIES_PER_COLLECTION,
+        no_identity_retry_s: float = NO_IDENTITY_RETRY_S,
     ) -> None:
+        if max_identities < 1:
+            raise ValueError(f"max_identities ({max_identities}) must be >= 1")
         self.catalog = catalog
         self.store = store
         self.records = records
         self.fetcher = fetcher
         self.circuits = circuits
         self.now = now
+        self.max_identities = max_identities
+        self.no_identity_retry_s = no_identity_retry_s
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None) -> CollectionResult:
         """Collect one (source, lead).
 
         Raises CollectionFailed after recording a dead letter, or CollectionParked after putting the
-        collection back in the queue (circuit open, throttled too long).
+        collection back in the queue (circuit open, throttled too long, no identity free).
         """
         spec = self.catalog.get(source)
         lead = self.store.get_lead(lead_id)
@@ -106,22 +150,46 @@ class Collector:
         adapter = build_adapter(spec)
         found: list[ParsedRecord] = []
         requests = 0
-        for planned in adapter.requests_for(lead):
-            try:
-                response = self.fetcher.fetch(spec, planned, lead_id=lead_id, run_id=run_id)
-            except FetchParked as parked:
-                self._record_circuit(spec, success=False)
-                self._park(source, lead_id, retry_in_s=parked.retry_in_s, reason=parked.reason)
-            except FetchFailed as failed:
-                self._fail(source, lead_id, run_id, reason_group=failed.reason_group,
-                           last_status=failed.last_status, attempts=requests + failed.attempts,
-                           last_error=failed.last_error)
-            requests += response.attempts
-            try:
-                found.extend(adapter.parse(response.body, url=response.url))
-            except ParseError as exc:
-                self._fail(source, lead_id, run_id, reason_group="permanent", last_status=response.status,
-                           attempts=requests, last_error=f"unparseable answer: {exc}")
+        identities = _Identities(self.fetcher, spec, holder=run_id or f"collect-{uuid.uuid4().hex}")
+        try:
+            if not identities.lease_next():
+                self._park(source, lead_id, retry_in_s=self.no_identity_retry_s,
+                           reason=f"no identity available for {source} (all leased, resting or rate-limited)")
+            for planned in adapter.requests_for(lead):
+                while True:
+                    try:
+                        response = self.fetcher.fetch(spec, planned, lead_id=lead_id, run_id=run_id,
+                                                      lease=identities.current())
+                        break
+                    except IdentityBlocked as blocked:
+                        requests += blocked.requests
+                        identities.drop()
+                        log.warning("identity switched mid-collection: source=%s lead_id=%s identity_id=%s "
+                                    "requests=%d reason=%s", source, lead_id, blocked.identity_id,
+                                    blocked.requests, blocked.reason)
+                        if identities.used >= self.max_identities:
+                            self._fail(source, lead_id, run_id, reason_group="blocked",
+                                       last_status=blocked.last_status, attempts=requests,
+                                       last_error=f"{identities.used} identities blocked in turn; "
+                                                  f"last: {blocked}")
+                        if not identities.lease_next():
+                            self._park(source, lead_id, retry_in_s=self.no_identity_retry_s,
+                                       reason=f"identity {blocked.identity_id} blocked, no other available")
+                    except FetchParked as parked:
+                        self._record_circuit(spec, success=False)
+                        self._park(source, lead_id, retry_in_s=parked.retry_in_s, reason=parked.reason)
+                    except FetchFailed as failed:
+                        self._fail(source, lead_id, run_id, reason_group=failed.reason_group,
+                                   last_status=failed.last_status, attempts=requests + failed.attempts,
+                                   last_error=failed.last_error)
+                requests += response.attempts
+                try:
+                    found.extend(adapter.parse(response.body, url=response.url))
+                except ParseError as exc:
+                    self._fail(source, lead_id, run_id, reason_group="permanent", last_status=response.status,
+                               attempts=requests, last_error=f"unparseable answer: {exc}")
+        finally:
+            identities.close()
         written = self.records.write(source, lead_id, found, fetched_at=self.now())
         outcome = "ok" if written.records else "empty"
         now = self.now()
@@ -141,6 +209,8 @@ class Collector:
             changed=written.changed,
             requests=requests,
             sample_keys=sorted(r.key for r in found)[:5],
+            identity_ids=identities.identity_ids,
+            lease_ids=identities.lease_ids,
         )
 
     def _record_circuit(self, spec: SourceSpec, *, success: bool) -> None:
@@ -177,3 +247,87 @@ class Collector:
         self.store.finish_dispatched(source, lead_id, outcome="failed", now=now)
         raise CollectionFailed(source=source, lead_id=lead_id, reason_group=reason_group,
                                last_status=last_status, attempts=attempts, last_error=last_error)
+
+
+class _Identities:
+    """The identities one collection sends as: at most one lease at a time, each released (and its
+    cookies saved) when dropped or when the collection ends. Without a pool: the direct identity."""
+
+    def __init__(self, fetcher: Fetcher, spec: SourceSpec, *, holder: str) -> None:
+        self._fetcher = fetcher
+        self._pool = fetcher.pool
+        self._spec = spec
+        self._holder = holder
+        self._ttl_s = lease_ttl_s(spec)
+        self._lease: Lease | None = None
+        self._fresh = False  # the lease was just taken: no heartbeat before its first request
+        self._base: httpx.Cookies | None = None
+        self.used = 0
+        self.identity_ids: list[str] = [] if self._pool is not None else [fetcher.identity_id]
+        self.lease_ids: list[str] = []
+
+    def lease_next(self) -> bool:
+        """Lease an identity for the source: one whose lane can send now if any, else any free one
+        (it then waits for its lane in the fetcher). False when none can be leased."""
+        if self._pool is None:
+            return True
+        lanes = self._fetcher.lanes
+        lease = None
+        if lanes is not None:
+            lease = self._pool.acquire(self._spec.name, holder=self._holder, ttl_s=self._ttl_s, lanes=lanes,
+                                       min_tier=self._min_tier())
+        if lease is None:
+            lease = self._pool.acquire(self._spec.name, holder=self._holder, ttl_s=self._ttl_s,
+                                       min_tier=self._min_tier())
+        if lease is None:
+            return False
+        self._lease, self._fresh = lease, True
+        self.used += 1
+        if lease.identity_id not in self.identity_ids:
+            self.identity_ids.append(lease.identity_id)
+        self.lease_ids.append(lease.lease_id)
+        self._base = self._fetcher.load_cookies(lease)
+        return True
+
+    def current(self) -> Lease | None:
+        """The lease to send the next request under, extended first unless just taken. A lease lost
+        meanwhile (expired and taken over) raises IdentityBlocked, as a blocked identity would."""
+        if self._lease is None or self._pool is None:
+            return None
+        if self._fresh:
+            self._fresh = False
+            return self._lease
+        extended = self._pool.heartbeat(self._lease, ttl_s=self._ttl_s)
+        if extended is None:
+            raise IdentityBlocked(self._lease.identity_id, None, 0, "the lease expired or was taken over")
+        self._lease = extended
+        return extended
+
+    def drop(self) -> None:
+        """Give the current identity back: its cookies saved, its lease released."""
+        lease, self._lease = self._lease, None
+        if lease is None or self._pool is None:
+            return
+        try:
+            self._fetcher.save_cookies(lease, self._base)
+        finally:
+            self._pool.release(lease)
+
+    def close(self) -> None:
+        self.drop()
+
+    def _min_tier(self) -> str | None:
+        """The source's own minimum tier, when the identities file has it (the cheapest otherwise)."""
+        assert self._pool is not None
+        tier = self._spec.identity_tier
+        if tier in self._pool.catalog.tiers:
+            return tier
+        if (self._spec.name, tier) not in _UNKNOWN_TIERS_WARNED:
+            _UNKNOWN_TIERS_WARNED.add((self._spec.name, tier))
+            log.warning("identity_tier is not a tier of the identities file, leasing from the cheapest: "
+                        "source=%s identity_tier=%s tiers=%s", self._spec.name, tier,
+                        ",".join(self._pool.catalog.tiers))
+        return None
+
+
+_UNKNOWN_TIERS_WARNED: set[tuple[str, str]] = set()

@@ -3,6 +3,13 @@
 `Fetcher.fetch` sends one planned request with retries: each attempt follows redirects by hand
 (every hop checked against the SSRF guard), is logged as exactly one `FetchEvent`, and is judged by
 the pure decisions in `classify`. Clock, sleep and randomness are injected so tests are exact.
+
+A request goes out as an identity. Given a `Lease` from the identity pool, the fetcher sends through
+that identity's own HTTP client (its proxy, its fingerprint's headers in their order, its cookie jar
+from the `CookieStore`), paces on the identity's lane at the source, and tells the pool after every
+attempt what the answer says about the identity (`classify_for_identity`). When the identity is
+sent to rest, or the lease is lost, it raises `IdentityBlocked` so the caller can switch identity.
+Without a lease (no identities file) it sends as the one `direct` identity, with no proxy.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +30,7 @@ import httpx
 
 from investigations.classify import backoff_delay_s, classify, next_step, parse_retry_after_s
 from investigations.events import FetchEvent, Outcome
+from investigations.identities import CookieStore, IdentityPool, IdentityVerdict, Lease, classify_for_identity
 from investigations.netguard import private_reason, resolved_private_reason
 from investigations.pacing import LaneSpec, RateLanes, identity_lane, source_lane
 from investigations.specs import SourceSpec
@@ -65,6 +74,19 @@ class FetchFailed(Exception):
         self.last_error = last_error
 
 
+class IdentityBlocked(Exception):
+    """Stop sending as this lease's identity at this source: the pool sent it to rest (a block page,
+    a 403, too many 401/429s, a dead proxy) or the lease is no longer current. Not a failure of the
+    collection: the caller releases the lease and goes on with another identity."""
+
+    def __init__(self, identity_id: str, last_status: int | None, requests: int, reason: str) -> None:
+        super().__init__(f"identity {identity_id} stopped after {requests} request(s): {reason}")
+        self.identity_id = identity_id
+        self.last_status = last_status
+        self.requests = requests
+        self.reason = reason
+
+
 class FetchParked(Exception):
     """The source kept throttling (or its lane stayed full) past `throttle.park_after_s`: the work
     should wait `retry_in_s` and come back, not fail. No retry attempt was spent on 429s."""
@@ -90,6 +112,7 @@ class _Attempt:
     error: str | None
     refused: bool = False
     timed_out: bool = False
+    proxy_failed: bool = False  # the identity's own proxy could not be reached
 
 
 def redact_url(url: str) -> str:
@@ -134,7 +157,9 @@ def _utc_now() -> datetime:
 class Fetcher:
     """Sends planned requests with retries, the SSRF guard and one logged event per attempt.
 
-    Owns one `httpx.Client`; close it with `close()` or use the fetcher as a context manager.
+    Owns one `httpx.Client` for the direct identity and one per leased identity (created on first
+    use, kept for the fetcher's life); close them with `close()` or use the fetcher as a context
+    manager. `pool` receives the health reports; `cookies` keeps the identities' jars across runs.
     """
 
     def __init__(
@@ -152,9 +177,13 @@ class Fetcher:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         lanes: RateLanes | None = None,
         max_lane_wait_s: float = 30.0,
+        pool: IdentityPool | None = None,
+        cookies: CookieStore | None = None,
     ) -> None:
         self._sink = sink
         self._lanes = lanes
+        self.pool = pool
+        self.cookies = cookies
         self._max_lane_wait_s = max_lane_wait_s
         self.identity_id = identity_id
         self._rng = rng or random.Random()
@@ -165,13 +194,63 @@ class Fetcher:
         self._max_body_bytes = max_body_bytes
         # Redirects are followed here, hop by hop, so each hop passes the target guard. trust_env is
         # off so proxy variables and .netrc never change the identity or add credentials unseen.
+        self._transport = transport
         self._client = httpx.Client(
             transport=transport, follow_redirects=False, trust_env=False, headers={"User-Agent": user_agent}
         )
+        self._identity_clients: dict[str, httpx.Client] = {}
+        self._clients_lock = threading.Lock()
+
+    @property
+    def lanes(self) -> RateLanes | None:
+        """The rate lanes this fetcher paces on (None: unpaced)."""
+        return self._lanes
 
     def close(self) -> None:
-        """Close the HTTP client and its connections."""
-        self._client.close()
+        """Close every HTTP client and its connections."""
+        with self._clients_lock:
+            clients, self._identity_clients = list(self._identity_clients.values()), {}
+        for client in [self._client, *clients]:
+            client.close()
+
+    def _client_for(self, lease: Lease | None) -> httpx.Client:
+        """The HTTP client of the lease's identity (the direct one without a lease).
+
+        One per identity, so an identity always shows the same proxy exit, headers and cookies, and
+        two identities never share a connection or a jar. The fingerprint's ordered headers include
+        every default httpx would add, so the order on the wire is the profile's (Host first).
+        """
+        if lease is None:
+            return self._client
+        with self._clients_lock:
+            client = self._identity_clients.get(lease.identity_id)
+            if client is None:
+                identity = lease.identity
+                client = httpx.Client(
+                    transport=self._transport,  # only where no proxy is set: a proxy mount takes precedence
+                    proxy=identity.proxy(),
+                    follow_redirects=False,
+                    trust_env=False,
+                    headers=identity.fingerprint.ordered_headers(),
+                )
+                self._identity_clients[lease.identity_id] = client
+            return client
+
+    def load_cookies(self, lease: Lease) -> httpx.Cookies | None:
+        """Put the identity's stored cookies into its client; returns the jar loaded, which is the
+        `base` to hand back to `save_cookies` (so cookies the site deletes meanwhile are deleted)."""
+        if self.cookies is None:
+            return None
+        stored = self.cookies.load(lease.identity_id)
+        jar = self._client_for(lease).cookies.jar
+        for cookie in stored.jar:
+            jar.set_cookie(cookie)
+        return stored
+
+    def save_cookies(self, lease: Lease, base: httpx.Cookies | None) -> None:
+        """Merge the identity's jar back into the store (see CookieStore.save)."""
+        if self.cookies is not None:
+            self.cookies.save(lease.identity_id, self._client_for(lease).cookies, base=base)
 
     def __enter__(self) -> Self:
         return self
@@ -182,14 +261,25 @@ class Fetcher:
         self.close()
 
     def fetch(
-        self, spec: SourceSpec, request: PlannedRequest, *, lead_id: str, run_id: str | None = None
+        self,
+        spec: SourceSpec,
+        request: PlannedRequest,
+        *,
+        lead_id: str,
+        run_id: str | None = None,
+        lease: Lease | None = None,
     ) -> FetchResult:
-        """Send `request` for `lead_id` under `spec`'s timeout and retry policy.
+        """Send `request` for `lead_id` under `spec`'s timeout and retry policy, as the lease's
+        identity (or the direct one without a lease).
 
         Returns the first OK answer; raises FetchFailed when the policy gives up or the target is
-        refused. Every attempt is recorded through the sink, whatever its outcome.
+        refused, FetchParked when the source keeps throttling, IdentityBlocked when the identity
+        must not send here any more. Every attempt is recorded through the sink, whatever its outcome.
         """
-        lanes = [source_lane(spec), identity_lane(spec, self.identity_id)]
+        identity_id = lease.identity_id if lease is not None else self.identity_id
+        client = self._client_for(lease)
+        proxied = lease is not None and lease.identity.proxy_url is not None
+        lanes = [source_lane(spec), identity_lane(spec, identity_id)]
         attempt = 0  # attempts that spend the retry budget (a 429 does not)
         sent = 0
         throttled = 0
@@ -197,12 +287,12 @@ class Fetcher:
         while True:
             self._wait_for_lanes(spec, lanes, park_at)
             sent += 1
-            result = self._attempt(spec, request, attempt=sent)
+            result = self._attempt(spec, request, client, proxied=proxied)
             self._sink.record_fetch(
                 FetchEvent(
                     source=spec.name,
                     lead_id=lead_id,
-                    identity_id=self.identity_id,
+                    identity_id=identity_id,
                     url=redact_url(result.url),
                     method=request.method,
                     status=result.status,
@@ -221,6 +311,8 @@ class Fetcher:
             if self._lanes is not None:
                 self._lanes.feedback(lanes, outcome=result.outcome, timed_out=result.timed_out,
                                      retry_after_s=retry_after_s, throttle=spec.throttle)
+            if lease is not None:
+                self._report(spec, lease, result, sent)
             if result.status == 429:
                 # Being told to slow down is not the collection failing: wait (Retry-After is a floor,
                 # the lane already slowed) without spending an attempt, until it lasts too long.
@@ -244,6 +336,23 @@ class Fetcher:
                 raise FetchFailed(result.outcome.value, result.status, sent, f"{error} ({step.reason})")
             self._sleep(step.delay_s)
 
+    def _report(self, spec: SourceSpec, lease: Lease, result: _Attempt, sent: int) -> None:
+        """Tell the pool what the answer says about the identity; raise IdentityBlocked when the
+        identity may not go on (sent to rest or retired there, or the lease is no longer current)."""
+        if self.pool is None:
+            return
+        verdict = _identity_verdict(spec, result)
+        if not self.pool.report(lease, verdict, status=result.status):
+            raise IdentityBlocked(lease.identity_id, result.status, sent, "the lease expired or was taken over")
+        if verdict != "identity_fault":
+            return
+        # Only a fault can have flagged it: read back whether the pool's policy now rests it.
+        health = self.pool.health(lease.identity_id, lease.source)
+        if health is not None and health.state != "healthy":
+            what = f"HTTP {result.status}" if result.status is not None else (result.error or "no answer")
+            raise IdentityBlocked(lease.identity_id, result.status, sent,
+                                  f"{health.state} at {spec.name} after {what}")
+
     def _wait_for_lanes(self, spec: SourceSpec, lanes: list[LaneSpec], park_at: float | None) -> None:
         """Sleep until the source's and the identity's lanes let one more request out."""
         if self._lanes is None:
@@ -260,7 +369,9 @@ class Fetcher:
             # (AIMD recovering) is used as soon as it does.
             self._sleep(min(reservation.wait_s, self._max_lane_wait_s) / 2)
 
-    def _attempt(self, spec: SourceSpec, request: PlannedRequest, *, attempt: int) -> _Attempt:
+    def _attempt(
+        self, spec: SourceSpec, request: PlannedRequest, client: httpx.Client, *, proxied: bool
+    ) -> _Attempt:
         """One attempt: the request and its redirects, each hop guarded. Never raises for HTTP trouble."""
         trusted_host = (urlsplit(spec.request.url).hostname or "").lower()
         origin = _origin(request.url)
@@ -279,11 +390,16 @@ class Fetcher:
                 # Source headers may carry an API key; they are for the configured origin only.
                 headers = {}
             try:
-                status, response_headers, body, error = self._send(method, url, headers, timeout_s=spec.timeout_s)
+                status, response_headers, body, error = self._send(client, method, url, headers,
+                                                                   timeout_s=spec.timeout_s)
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 error = _redact_text(f"{type(exc).__name__}: {exc}")
                 timed_out = isinstance(exc, httpx.TimeoutException)
-                return _Attempt(url, None, classify(None, exc), b"", {}, elapsed_ms(), error, timed_out=timed_out)
+                # Through a forward proxy, failing to connect at all means the proxy is unreachable
+                # (the target's failures come back from the proxy as 502/504): the identity's fault.
+                proxy_failed = proxied and isinstance(exc, httpx.ConnectError | httpx.ProxyError)
+                return _Attempt(url, None, classify(None, exc), b"", {}, elapsed_ms(), error, timed_out=timed_out,
+                                proxy_failed=proxy_failed)
             location = response_headers.get("location")
             if status in _REDIRECTS and location:
                 if hop == self._max_redirects:
@@ -294,14 +410,17 @@ class Fetcher:
                     method = "GET"  # what browsers do, and what servers sending these expect
                 continue
             outcome = Outcome.PERMANENT if error else classify(status)
+            if outcome is Outcome.OK and _is_block_page(spec, status, body):
+                # A block or challenge page served as an answer: parsing it would store nothing, silently.
+                outcome, error = Outcome.BLOCKED, f"HTTP {status} with a block page"
             return _Attempt(url, status, outcome, body, response_headers, elapsed_ms(), error or _status_error(status, outcome))
         raise AssertionError("unreachable: the loop returns on its last hop")
 
     def _send(
-        self, method: str, url: str, headers: dict[str, str], *, timeout_s: float
+        self, client: httpx.Client, method: str, url: str, headers: dict[str, str], *, timeout_s: float
     ) -> tuple[int, dict[str, str], bytes, str | None]:
         """Status, headers, body (at most max_body_bytes) and an error when the body was too large."""
-        with self._client.stream(method, url, headers=headers, timeout=httpx.Timeout(timeout_s)) as response:
+        with client.stream(method, url, headers=headers, timeout=httpx.Timeout(timeout_s)) as response:
             chunks: list[bytes] = []
             size = 0
             for chunk in response.iter_bytes():
@@ -311,6 +430,17 @@ class Fetcher:
                     return response.status_code, dict(response.headers), b"", f"body larger than {self._max_body_bytes} bytes"
                 chunks.append(chunk)
             return response.status_code, dict(response.headers), b"".join(chunks), None
+
+
+def _identity_verdict(spec: SourceSpec, result: _Attempt) -> IdentityVerdict:
+    """Whom an attempt blames: a dead proxy is the identity's fault; otherwise the pure rule decides."""
+    if result.proxy_failed:
+        return "identity_fault"
+    return classify_for_identity(result.status, result.body, spec.block_markers)
+
+
+def _is_block_page(spec: SourceSpec, status: int, body: bytes) -> bool:
+    return classify_for_identity(status, body, spec.block_markers) == "identity_fault"
 
 
 def _refusal(url: str, trusted_host: str) -> str | None:

@@ -138,6 +138,9 @@ class SourceSpec(_Model):
     identity_tier: str = "datacenter"
     daily_budget_usd: float = Field(default=0.0, ge=0)
     expected_min_records: int = Field(default=0, ge=0)
+    # Text that marks a block or challenge page (matched case-insensitively at the top of a body):
+    # such an answer counts against the identity that got it, whatever its status.
+    block_markers: tuple[str, ...] = Field(default_factory=lambda: _default_block_markers())
 
     @model_validator(mode="before")
     @classmethod
@@ -173,6 +176,13 @@ class SourceSpec(_Model):
 
     def accepts(self, kind: str) -> bool:
         return kind in self.lead_kinds
+
+
+def _default_block_markers() -> tuple[str, ...]:
+    # Imported when a spec is built, not at import: the identities package imports this module.
+    from investigations.identities.health import DEFAULT_BLOCK_MARKERS
+
+    return DEFAULT_BLOCK_MARKERS
 
 
 class SourceCatalog(_Model):

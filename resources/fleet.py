@@ -1,9 +1,10 @@
-"""The engine handed to Dagster: state store, record store and fetcher behind one resource."""
+"""The engine handed to Dagster: state store, record store, identity pool and fetcher behind one resource."""
 
 from __future__ import annotations
 
 import os
 import random
+import threading
 
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
@@ -12,6 +13,7 @@ from investigations.catalog import load_catalog
 from investigations.collect import CollectionResult, Collector
 from investigations.config import Settings
 from investigations.fetcher import Fetcher
+from investigations.identities import CookieStore, HealthPolicy, IdentityPool, load_identities
 from investigations.pacing import Circuits, GapSampler, RateLanes
 from investigations.records import RecordStore
 from investigations.specs import SourceCatalog
@@ -19,18 +21,25 @@ from investigations.store import StateStore
 
 
 class FleetResource(ConfigurableResource):
-    """Where the fleet keeps its state and records. Unset fields come from `INVESTIGATIONS_*`.
+    """Where the fleet keeps its state and records, and what its requests go out as. Unset fields
+    come from `INVESTIGATIONS_*` (`_DATABASE_URL`, `_DATA_DIR`, `_SOURCES`, `_IDENTITIES`).
 
-    Opened once per run (store connections, one HTTP client) and closed at teardown, so a run
-    never leaks connections whatever its assets do.
+    Opened once per run (store connections, the identity pool, one HTTP client per identity) and
+    closed at teardown, so a run never leaks connections whatever its assets do. With an identities
+    file every collection leases an identity from the pool shared through the state store; without
+    one, requests go out directly as the `direct` identity, as they always did.
     """
 
     database_url: str | None = None
     data_dir: str | None = None
     sources_path: str | None = None
+    identities_path: str | None = None
 
     _store: StateStore | None = PrivateAttr(default=None)
     _fetcher: Fetcher | None = PrivateAttr(default=None)
+    _pool: IdentityPool | None = PrivateAttr(default=None)
+    # Batch runs collect several leads at once in threads: the first of them opens the engine.
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     def settings(self) -> Settings:
         env = dict(os.environ)
@@ -38,6 +47,7 @@ class FleetResource(ConfigurableResource):
             ("INVESTIGATIONS_DATABASE_URL", self.database_url),
             ("INVESTIGATIONS_DATA_DIR", self.data_dir),
             ("INVESTIGATIONS_SOURCES", self.sources_path),
+            ("INVESTIGATIONS_IDENTITIES", self.identities_path),
         ):
             if value:
                 env[name] = value
@@ -49,30 +59,47 @@ class FleetResource(ConfigurableResource):
 
     @property
     def store(self) -> StateStore:
-        if self._store is None:
-            self._store = StateStore.from_url(self.settings().database_url)
-        return self._store
+        with self._lock:
+            if self._store is None:
+                self._store = StateStore.from_url(self.settings().database_url)
+            return self._store
 
     @property
     def records(self) -> RecordStore:
         return RecordStore(self.settings().records_dir)
 
     def collector(self) -> Collector:
-        """The engine's collector, pacing every request through the shared rate lanes and circuits."""
-        if self._fetcher is None:
-            lanes = RateLanes(self.store, sampler=GapSampler(random.Random()))
-            self._fetcher = Fetcher(sink=self.store, lanes=lanes)
-        return Collector(catalog=self.catalog, store=self.store, records=self.records, fetcher=self._fetcher,
-                         circuits=Circuits(self.store))
+        """The engine's collector: every request paced through the shared rate lanes and circuits,
+        sent as an identity leased from the shared pool (or directly, without an identities file)."""
+        store = self.store
+        with self._lock:
+            if self._fetcher is None:
+                identities_path = self.settings().identities_path
+                pool = cookies = None
+                if identities_path is not None:
+                    # Loaded per run: an edit of the file (or a rotated password in the environment)
+                    # reaches the next run. A broken file fails here, naming the identity and key.
+                    pool = IdentityPool(store, load_identities(identities_path), policy=HealthPolicy(),
+                                        rng=random.Random())
+                    cookies = CookieStore(store)
+                lanes = RateLanes(store, sampler=GapSampler(random.Random()))
+                self._pool = pool
+                self._fetcher = Fetcher(sink=store, lanes=lanes, pool=pool, cookies=cookies)
+            fetcher = self._fetcher
+        return Collector(catalog=self.catalog, store=store, records=self.records, fetcher=fetcher,
+                         circuits=Circuits(store))
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None) -> CollectionResult:
         """Collect one (source, lead) partition; see investigations.collect.Collector.collect."""
         return self.collector().collect(source, lead_id, run_id=run_id)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
-        if self._fetcher is not None:
-            self._fetcher.close()
-            self._fetcher = None
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        with self._lock:
+            fetcher, pool, store = self._fetcher, self._pool, self._store
+            self._fetcher = self._pool = self._store = None
+        if fetcher is not None:
+            fetcher.close()
+        if pool is not None:
+            pool.close()  # leases are released by each collection's `finally`; this is the pool's connections
+        if store is not None:
+            store.close()

@@ -1,8 +1,10 @@
-"""The sandbox web: one local ASGI app playing five fake sources with seeded, deterministic behaviour.
+"""The sandbox web: one local ASGI app playing six fake sources with seeded, deterministic behaviour.
 
 robust answers; fragile rate-limits (429 + Retry-After); flaky errors and stalls; quiet answers 200
-with nothing in it; slow answers late. Tests and benches point the fleet at it on loopback, so they
-exercise the hostile web without touching the real one. GET/POST /_control inspect and steer it.
+with nothing in it; slow answers late; banning bans a client address that asks too fast or too
+regularly (403 and a captcha block page for `ban_s`). Tests and benches point the fleet at it on
+loopback, so they exercise the hostile web without touching the real one. GET/POST /_control
+inspect and steer it; it also shows the client addresses each source saw and the bans per address.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from investigations.sandbox.behaviour import SOURCES, SandboxConfig, SandboxState, SourceBehaviour
+from investigations.sandbox.behaviour import (
+    SOURCES,
+    VISITOR_COOKIE,
+    SandboxConfig,
+    SandboxState,
+    SourceBehaviour,
+)
 from investigations.sandbox.content import KINDS, records, render_profile
 
 _MAX_Q_CHARS = 2048
@@ -35,8 +43,20 @@ _ROUTES = {
     "flaky": ("/flaky/profile/{kind}/{q:path}", "html"),
     "quiet": ("/quiet/api/lookup", "json"),
     "slow": ("/slow/profile/{kind}/{q:path}", "html"),
+    "banning": ("/banning/profile/{kind}/{q:path}", "html"),
 }
 assert tuple(_ROUTES) == SOURCES
+
+# What a site shows an address it has banned: a refusal with a captcha on it (g-recaptcha is one of
+# the fleet's default block markers, so the page is recognised even if it came with a 200).
+BLOCK_PAGE = (
+    "<html><head><title>Access denied - unusual traffic</title></head><body>"
+    "<h1>Access denied - unusual traffic</h1>"
+    "<p>Our systems have detected unusual traffic from your network. Prove you are not a robot.</p>"
+    '<div class="g-recaptcha" data-sitekey="sandbox-not-a-real-key"></div>'
+    "</body></html>"
+)
+VISITOR_COOKIE_MAX_AGE_S = 86_400
 
 
 def _lead_problem(kind: str, q: str) -> str | None:
@@ -81,7 +101,15 @@ def create_app(config: SandboxConfig | None = None) -> Starlette:
         async def endpoint(request: Request) -> Response:
             b = state.sources[source]
             b.requests += 1
-            response = await _answer(request, b, fmt, config.seed)
+            client = request.client.host if request.client else "unknown"
+            b.observe(client, request.headers.raw, request.cookies)
+            if b.screen(client) is not None:
+                response: Response = HTMLResponse(BLOCK_PAGE, status_code=403)
+            else:
+                response = await _answer(request, b, fmt, config.seed)
+            if (visitor := b.visit(request.cookies.get(VISITOR_COOKIE))) is not None:
+                response.set_cookie(VISITOR_COOKIE, visitor, max_age=VISITOR_COOKIE_MAX_AGE_S, path="/",
+                                    httponly=True)
             # Counted when answered, so a stalled request shows in `requests` before its status.
             b.status_counts[response.status_code] += 1
             return response

@@ -55,6 +55,13 @@ def test_robust_partition_stores_records_and_passes_the_empty_check(world) -> No
     assert check.passed
 
 
+def test_without_an_identities_file_the_materialization_names_the_direct_identity(world) -> None:
+    settings, lead, instance, _ = world
+    spec = load_catalog(settings.sources_path).get("robust")
+    (mat,) = _materialize(spec, lead, instance).asset_materializations_for_node("sources__robust")
+    assert (mat.metadata["identity_ids"].value, mat.metadata["lease_ids"].value) == (["direct"], [])
+
+
 def test_rematerializing_leaves_the_parquet_file_byte_identical(world) -> None:
     settings, lead, instance, _ = world
     spec = load_catalog(settings.sources_path).get("robust")

@@ -147,6 +147,15 @@ def test_a_private_host_filled_in_from_the_lead_is_refused_before_sending() -> N
     assert len(world.sink.events) == 1
 
 
+def test_a_captcha_page_served_with_200_is_blocked_not_ok() -> None:
+    page = b'<html><title>Just a moment</title><div class="g-recaptcha"></div></html>'
+    world = World(*[httpx.Response(200, content=page)] * 3)
+    with pytest.raises(FetchFailed) as failed:
+        world.fetch()
+    assert (failed.value.reason_group, failed.value.last_status) == ("blocked", 200)
+    assert [e.outcome for e in world.sink.events] == [Outcome.BLOCKED] * 3
+
+
 def test_secret_query_values_are_masked_in_events() -> None:
     world = World(httpx.Response(500), httpx.Response(200))
     world.fetch(BASE + "/robust/api/lookup?q=example.com&api_key=s3cret&Token=t0k")
