@@ -60,6 +60,7 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     for entry in sources["sources"]:
         if entry["name"] in SMALL_BATCH_SOURCES:
             entry["batch_max_leads"] = 4
+            entry["timeout_s"] = 30  # their answers are slowed down on purpose in the priority test
     sources_path = base / "sources.yaml"
     sources_path.write_text(yaml.safe_dump(sources, sort_keys=False))
     env = {

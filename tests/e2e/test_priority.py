@@ -28,10 +28,11 @@ def test_an_interactive_run_starts_before_queued_background_runs(fleet, sandbox)
     for lead in background:
         store.add_lead(lead, case_id="case-bulk")
     instance.add_dynamic_partitions("leads", [lead.id for lead in background])
-    # Slow answers (under the sources' 5 s timeout) keep each background run busy for ~9 s: two
-    # rounds of two leads; batches of 4 leads make three runs per source, more than their slots.
+    # Slow answers (under these sources' 30 s timeout) keep each background run busy for ~25 s, far
+    # longer than a run takes to start on a loaded machine: two rounds of two leads; batches of 4
+    # leads make three runs per source, more than their slots.
     for source in ("slow", "quiet"):
-        sandbox.app_state.configure(source, {"delay_s": [4.5, 4.5]})
+        sandbox.app_state.configure(source, {"delay_s": [12.0, 12.0]})
     try:
         store.enqueue([(s, lead.id) for s in ("slow", "quiet") for lead in background], origin="backfill:e2e",
                       priority_class="backfill")
