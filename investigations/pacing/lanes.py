@@ -110,9 +110,10 @@ class RateLanes:
         now = self._clock()
         with self._store.engine.connect() as conn, conn.begin() as tx:
             slots = [self._take_slot(conn, lane, now) for lane in ordered]
-            binding = max(slots, key=lambda slot: slot.send_at_s)
-            send_at = binding.send_at_s
-            delay = self._sampler.send_delay_s(binding.interval_s)
+            send_at = max(slot.send_at_s for slot in slots)
+            # Drawn at the slowest lane's scale: a delay sized to a fast source lane would leave a
+            # slow identity lane's own sends on a near-fixed grid (a site watches each address).
+            delay = self._sampler.send_delay_s(max(slot.interval_s for slot in slots))
             wait = send_at - now + delay
             if wait > max_wait_s:
                 tx.rollback()
