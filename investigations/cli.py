@@ -255,6 +255,7 @@ def _records(args: argparse.Namespace) -> int:
 def _fleet(args: argparse.Namespace) -> int:
     from investigations.catalog import load_catalog
     from investigations.pacing import Circuits, GapSampler, RateLanes
+    from investigations.store import QUEUE_DEPTH_KEYS
 
     settings = Settings.from_env()
     store = _store(settings)
@@ -274,7 +275,7 @@ def _fleet(args: argparse.Namespace) -> int:
             "outcomes": stats["outcomes"],
             "mean_latency_ms": round(stats["latency_ms"], 1),
             "last_request_at": stats["last_at"],
-            "queue": depths.get(spec.name, {"ready": 0, "waiting": 0, "dispatched": 0, "dispatched_interactive": 0}),
+            "queue": depths.get(spec.name, dict.fromkeys(QUEUE_DEPTH_KEYS, 0)),
             "circuit": circuit.state if circuit else "closed",
             "rate_per_s": round(spec.rate.source_per_s * (lane.rate_factor if lane else 1.0), 3),
             "configured_rate_per_s": spec.rate.source_per_s,

@@ -89,7 +89,24 @@ def run_request_for(row: QueuedCollection) -> RunRequest:
 
 def batch_size(spec: SourceSpec) -> int:
     """Leads per background run: about BATCH_SECONDS of work at the source's permitted rate."""
-    return max(1, min(spec.batch_max_leads, int(spec.rate.source_per_s * BATCH_SECONDS)))
+    return max(1, min(spec.batch_max_leads, spec.max_in_flight, int(spec.rate.source_per_s * BATCH_SECONDS)))
+
+
+def background_bound(spec: SourceSpec) -> int:
+    """Background collections of a source handed to Dagster at once: `concurrency` whole batches,
+    within `max_in_flight`. The source's pool has a slot more (see `pools`), kept for fresh leads."""
+    return min(spec.max_in_flight, spec.concurrency * batch_size(spec))
+
+
+def background_take(spec: SourceSpec, *, in_flight: int, ready: int) -> int:
+    """How many background collections to hand over now: whole batches only, or the whole backlog
+    when it is smaller than a batch and fits. Handing over whatever room the last finished leads
+    freed would start a trickle of small runs, each costing seconds of CPU to start."""
+    room = background_bound(spec) - in_flight
+    size = batch_size(spec)
+    if room >= size:
+        return room // size * size
+    return ready if 0 < ready <= room else 0
 
 
 def batch_run_request(spec: SourceSpec, rows: list[QueuedCollection], order: Mapping[str, int]) -> RunRequest:
@@ -179,24 +196,35 @@ def dispatch(
                 reasons.append(why)
             if allowed == 0:
                 continue
-        # Interactive work has its own max_in_flight, so a full background backlog never holds a
-        # fresh lead back; background work gets what the source's whole bound leaves.
+        # Interactive work and background work are bounded apart, so a full background backlog
+        # never holds a fresh lead back.
         interactive_room = spec.max_in_flight - depth["dispatched_interactive"]
-        background_room = spec.max_in_flight - depth["dispatched"]
+        background_in_flight = depth["dispatched"] - depth["dispatched_interactive"]
+        background_ready = depth["ready"] - depth["ready_interactive"]
+        background_room = background_take(spec, in_flight=background_in_flight, ready=background_ready)
         if allowed is not None:  # a probe: one collection at a time, whatever its class
             interactive_room = background_room = min(allowed - depth["dispatched"], 1)
         rows = store.dispatch(spec.name, limit=min(interactive_room, max_runs - len(requests)), now=now,
                               classes=[PriorityClass.INTERACTIVE.value])
-        background_room = min(background_room - len(rows), max_runs - len(requests) - len(rows))
-        if background_room > 0:
-            rows += store.dispatch(spec.name, limit=background_room, now=now,
-                                   classes=[PriorityClass.RECURRING.value, PriorityClass.BACKFILL.value])
-        elif depth["ready"] > len(rows):
+        if depth["ready_interactive"] > len(rows) and allowed is None:
             reasons.append(
-                f"{spec.name}: {depth['dispatched']} collections in flight (max_in_flight {spec.max_in_flight}); "
-                f"{depth['ready'] - len(rows)} wait in the backlog"
+                f"{spec.name}: {depth['dispatched_interactive'] + len(rows)} interactive collections in flight (max_in_flight "
+                f"{spec.max_in_flight}); {depth['ready_interactive'] - len(rows)} wait in the backlog"
             )
-        requests.extend(run_requests_for(spec, rows, partition_order))
+        runs_left = max_runs - len(requests) - len(rows)
+        background_room = min(background_room - (len(rows) if allowed is not None else 0),
+                              runs_left * batch_size(spec))
+        background: list[QueuedCollection] = []
+        if background_room > 0:
+            background = store.dispatch(spec.name, limit=background_room, now=now,
+                                        classes=[PriorityClass.RECURRING.value, PriorityClass.BACKFILL.value])
+        if background_ready > len(background) and allowed is None:
+            reasons.append(
+                f"{spec.name}: {background_in_flight + len(background)} background collections in flight (at most "
+                f"{background_bound(spec)}: {spec.concurrency} batch(es) of {batch_size(spec)}); "
+                f"{background_ready - len(background)} wait in the backlog"
+            )
+        requests.extend(run_requests_for(spec, rows + background, partition_order))
     return requests, reasons
 
 

@@ -1,4 +1,10 @@
-"""Keep the instance's pool limits equal to each source's `concurrency` in sources.yaml.
+"""Keep the instance's pool limits in step with each source's `concurrency` in sources.yaml.
+
+A source's pool holds `concurrency` runs plus one slot that only interactive work can count on: the
+dispatcher never hands a source more than `concurrency` batches of background work at once (see
+`new_leads.background_bound`), so a fresh lead's run finds its pool open even while the source's
+batches run, instead of waiting behind a 90 s batch. The source's rate lane, not the pool, keeps
+the requests within what the source allows.
 
 Dagster keeps pool limits in the instance, not in code. The new-lead sensor calls this before it
 requests runs, so a limit edited in sources.yaml takes effect on the next tick, and no source run
@@ -10,7 +16,15 @@ from __future__ import annotations
 from dagster import DagsterInstance
 
 from assets.naming import pool_name
-from investigations.specs import SourceCatalog
+from investigations.specs import SourceCatalog, SourceSpec
+
+
+INTERACTIVE_POOL_SLOTS = 1
+
+
+def pool_limit(spec: SourceSpec) -> int:
+    """The source pool's limit: its concurrency, plus the slot kept for interactive runs."""
+    return spec.concurrency + INTERACTIVE_POOL_SLOTS
 
 
 def sync_pool_limits(instance: DagsterInstance, catalog: SourceCatalog) -> dict[str, int]:
@@ -20,7 +34,8 @@ def sync_pool_limits(instance: DagsterInstance, catalog: SourceCatalog) -> dict[
     changed: dict[str, int] = {}
     for spec in catalog.sources:
         pool = pool_name(spec.name)
-        if current.get(pool) != spec.concurrency:
-            storage.set_concurrency_slots(pool, spec.concurrency)
-            changed[pool] = spec.concurrency
+        limit = pool_limit(spec)
+        if current.get(pool) != limit:
+            storage.set_concurrency_slots(pool, limit)
+            changed[pool] = limit
     return changed

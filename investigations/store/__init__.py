@@ -1,6 +1,7 @@
 """State store (SQLAlchemy Core on SQLite or Postgres)."""
 
 from investigations.store.state import (
+    QUEUE_DEPTH_KEYS,
     AcceptResult,
     Collection,
     DeadLetter,
@@ -10,4 +11,5 @@ from investigations.store.state import (
     utcnow,
 )
 
-__all__ = ["AcceptResult", "Collection", "DeadLetter", "InboxItem", "QueuedCollection", "StateStore", "utcnow"]
+__all__ = ["QUEUE_DEPTH_KEYS", "AcceptResult", "Collection", "DeadLetter", "InboxItem", "QueuedCollection",
+           "StateStore", "utcnow"]

@@ -21,6 +21,8 @@ from investigations.store import schema as s
 from investigations.store.engine import make_engine
 from investigations.store.migrations import migrate
 
+# What `queue_depths` counts per source (waiting: queued with a not_before still ahead).
+QUEUE_DEPTH_KEYS = ("ready", "waiting", "dispatched", "ready_interactive", "dispatched_interactive")
 _INBOX_LOCK_KEY = 0x1B0C5  # serializes intake commits on Postgres so inbox ids follow commit order
 
 
@@ -401,7 +403,7 @@ class StateStore:
 
     def queue_depths(self, *, now: datetime | None = None) -> dict[str, dict[str, int]]:
         """Per source: collections queued and ready, queued but waiting (not_before), dispatched, and
-        of those dispatched, how many are interactive."""
+        of those ready and of those dispatched, how many are interactive."""
         now = now or utcnow()
         q = s.collection_queue
         waiting = (q.c.state == "queued") & (q.c.not_before > now)
@@ -414,12 +416,11 @@ class StateStore:
         depths: dict[str, dict[str, int]] = {}
         with self.engine.begin() as conn:
             for source, state, is_waiting, is_interactive, count in conn.execute(query):
-                entry = depths.setdefault(source, {"ready": 0, "waiting": 0, "dispatched": 0,
-                                                   "dispatched_interactive": 0})
+                entry = depths.setdefault(source, dict.fromkeys(QUEUE_DEPTH_KEYS, 0))
                 key = "dispatched" if state == "dispatched" else ("waiting" if is_waiting else "ready")
                 entry[key] += count
-                if state == "dispatched" and is_interactive:
-                    entry["dispatched_interactive"] += count
+                if is_interactive and key != "waiting":
+                    entry[f"{key}_interactive"] += count
         return depths
 
     def dispatch(

@@ -30,7 +30,7 @@ def test_an_interactive_run_starts_before_queued_background_runs(fleet, sandbox)
     instance.add_dynamic_partitions("leads", [lead.id for lead in background])
     # Slow answers (under these sources' 30 s timeout) keep each background run busy for ~25 s, far
     # longer than a run takes to start on a loaded machine: two rounds of two leads; batches of 4
-    # leads make three runs per source, more than their slots.
+    # leads, two per source at once (their concurrency): four runs for the three background slots.
     for source in ("slow", "quiet"):
         sandbox.app_state.configure(source, {"delay_s": [12.0, 12.0]})
     try:

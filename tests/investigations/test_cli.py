@@ -61,7 +61,8 @@ def test_fleet_shows_backlog_circuit_and_the_current_rate_per_source(state, monk
         [source_lane(fragile)], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=fragile.throttle)
     assert main(["fleet", "--json"]) == 0
     rows = {row["source"]: row for row in json.loads(capsys.readouterr().out)}
-    assert rows["fragile"]["queue"] == {"ready": 2, "waiting": 0, "dispatched": 0, "dispatched_interactive": 0}
+    assert rows["fragile"]["queue"] == {"ready": 2, "waiting": 0, "dispatched": 0,
+                                      "ready_interactive": 2, "dispatched_interactive": 0}
     assert rows["fragile"]["circuit"] == "open"
     assert rows["fragile"]["rate_per_s"] == fragile.rate.source_per_s * fragile.throttle.decrease_factor
     assert rows["robust"]["circuit"] == "closed"

@@ -12,7 +12,7 @@ from investigations.pacing import Circuits
 from investigations.priority import BATCH_LEADS_TAG
 from investigations.specs import load_sources
 from investigations.store import StateStore
-from sensors.new_leads import batch_size, dispatch
+from sensors.new_leads import background_take, batch_size, dispatch
 from sensors.recurring import plan_recurring, window_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,4 +127,49 @@ def test_batches_are_sized_to_the_source_rate_and_capped(world) -> None:
     slow = catalog.get("fragile").model_copy(update={"rate": catalog.get("fragile").rate.model_copy(
         update={"source_per_s": 0.1})})
     assert batch_size(slow) == 9  # 90 s of work at 0.1 request/s
-    assert batch_size(catalog.get("robust")) == 50  # 900 would be too many leads for one run: batch_max_leads
+    assert batch_size(catalog.get("robust")) == 200  # 900 would be too many leads for one run: batch_max_leads
+    small = catalog.get("robust").model_copy(update={"max_in_flight": 30})
+    assert batch_size(small) == 30  # a batch never exceeds what may be in flight
+
+
+def _robust(catalog, **changes):
+    return catalog.get("robust").model_copy(update=changes)
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "ready", "taken"),
+    [
+        (0, 1000, 30),  # concurrency (3) whole batches of 10
+        (10, 1000, 20),  # one batch still running: two more
+        (25, 1000, 0),  # the room the finished leads freed is less than a batch: wait for a whole one
+        (21, 1000, 0),
+        (20, 1000, 10),
+        (25, 4, 4),  # a backlog smaller than a batch goes out whole when it fits
+        (25, 6, 0),  # ... and waits when it does not
+        (30, 1000, 0),  # at the bound
+    ],
+)
+def test_background_work_is_handed_over_in_whole_batches_up_to_concurrency_batches(
+    world, in_flight: int, ready: int, taken: int
+) -> None:
+    catalog, _ = world
+    spec = _robust(catalog, batch_max_leads=10, concurrency=3)
+    assert background_take(spec, in_flight=in_flight, ready=ready) == taken
+
+
+def test_a_trickle_of_finished_leads_does_not_start_small_batch_runs(world) -> None:
+    catalog, store = world
+    spec = _robust(catalog, batch_max_leads=10, concurrency=2)
+    small = catalog.model_copy(update={"sources": (spec,)})
+    leads = [f"domain-{i:016x}" for i in range(50)]
+    order = {lead: position for position, lead in enumerate(leads)}
+    store.enqueue([("robust", lead) for lead in leads], origin="bulk", priority_class="backfill", now=NOW)
+    first, _ = dispatch(store, small, max_runs=50, now=NOW, partition_order=lambda: order)
+    assert [r.tags[BATCH_LEADS_TAG].count(",") + 1 for r in first] == [10, 10]
+    for lead in first[0].tags[BATCH_LEADS_TAG].split(",")[:9]:  # all but one lead of the first batch
+        store.finish_dispatched("robust", lead, outcome="ok", now=NOW)
+    held, reasons = dispatch(store, small, max_runs=50, now=NOW, partition_order=lambda: order)
+    assert held == [] and any("2 batch(es) of 10" in reason and "30 wait" in reason for reason in reasons)
+    store.finish_dispatched("robust", first[0].tags[BATCH_LEADS_TAG].split(",")[9], outcome="ok", now=NOW)
+    (next_batch,), _ = dispatch(store, small, max_runs=50, now=NOW, partition_order=lambda: order)
+    assert next_batch.tags[BATCH_LEADS_TAG].count(",") + 1 == 10

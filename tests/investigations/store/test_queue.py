@@ -19,7 +19,7 @@ def test_dispatch_takes_interactive_before_backfill_and_respects_the_limit(store
     picked = store.dispatch("robust", limit=2, now=T0)
     assert [row.lead_id for row in picked] == ["urgent", "bulk0"]
     assert store.queue_depths(now=T0)["robust"] == {"ready": 2, "waiting": 0, "dispatched": 2,
-                                                    "dispatched_interactive": 1}
+                                                    "ready_interactive": 0, "dispatched_interactive": 1}
 
 
 def test_a_lead_in_flight_is_not_dispatched_twice_for_one_source(store) -> None:
