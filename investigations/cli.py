@@ -279,18 +279,23 @@ def _fleet(args: argparse.Namespace) -> int:
             "circuit": circuit.state if circuit else "closed",
             "rate_per_s": round(spec.rate.source_per_s * (lane.rate_factor if lane else 1.0), 3),
             "configured_rate_per_s": spec.rate.source_per_s,
+            # The rate the source last throttled at, once it has: the lane settles just under it.
+            "ceiling_rate_per_s": (round(spec.rate.source_per_s * lane.ceiling_factor, 3)
+                                   if lane and lane.last_cut_s > 0 else None),
         })
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
         return 0
     print(f"{'source':<12} {'requests':>8} {'ok':>6} {'throttled':>9} {'failed':>6}  {'queued':>6} {'waiting':>7} "
-          f"{'in flight':>9}  {'circuit':<9} {'rate/s':>13}  last request")
+          f"{'in flight':>9}  {'circuit':<9} {'rate/s':>13} {'ceiling/s':>9}  last request")
     for row in rows:
         ok = row["outcomes"].get("ok", 0)
         throttled = row["outcomes"].get("throttled", 0)
         last = row["last_request_at"].isoformat(timespec="seconds") if row["last_request_at"] else "-"
         queue = row["queue"]
         rate = f"{row['rate_per_s']:g}/{row['configured_rate_per_s']:g}"
+        ceiling = "-" if row["ceiling_rate_per_s"] is None else f"{row['ceiling_rate_per_s']:g}"
         print(f"{row['source']:<12} {row['requests']:>8} {ok:>6} {throttled:>9} {row['requests'] - ok - throttled:>6}  "
-              f"{queue['ready']:>6} {queue['waiting']:>7} {queue['dispatched']:>9}  {row['circuit']:<9} {rate:>13}  {last}")
+              f"{queue['ready']:>6} {queue['waiting']:>7} {queue['dispatched']:>9}  {row['circuit']:<9} {rate:>13} "
+              f"{ceiling:>9}  {last}")
     return 0

@@ -61,12 +61,28 @@ class RetrySpec(_Model):
 
 
 class ThrottleSpec(_Model):
-    """Adaptive slow-down (AIMD): how hard 429/503/timeouts cut a lane's rate and how it recovers."""
+    """Adaptive slow-down (AIMD): how hard 429/503/timeouts cut a lane's rate and how it recovers.
+
+    A cut remembers the factor that was throttled (the ceiling): successes climb back by
+    `increase_step` to `ceiling_margin` under it, hold there `ceiling_hold_s`, then probe upward by
+    `probe_step`.
+    """
 
     decrease_factor: float = Field(default=0.5, gt=0, lt=1)  # rate *= this on a throttle signal
-    increase_step: float = Field(default=0.05, gt=0, le=1)  # factor += this on a success, up to 1
+    increase_step: float = Field(default=0.05, gt=0, le=1)  # factor += this on a success, up to the target
     min_factor: float = Field(default=0.05, gt=0, le=1)  # never below this share of the configured rate
+    cut_hold_s: float = Field(default=2.0, ge=0)  # throttle signals this soon after a cut do not cut again
+    ceiling_margin: float = Field(default=0.1, ge=0, lt=1)  # climb back to ceiling x (1 - this)
+    ceiling_hold_s: float = Field(default=120.0, ge=0)  # then stay there this long after the cut
+    probe_step: float = Field(default=0.005, gt=0, le=1)  # then factor += this on a success, up to 1
     park_after_s: Positive = 120.0  # a collection throttled this long is parked, not failed
+
+    @model_validator(mode="after")
+    def _probe_not_above_increase(self) -> ThrottleSpec:
+        if self.probe_step > self.increase_step:
+            raise ValueError(f"probe_step ({self.probe_step}) is above increase_step ({self.increase_step}): "
+                             "probing past a known ceiling must be slower than climbing back under it")
+        return self
 
 
 class CircuitSpec(_Model):

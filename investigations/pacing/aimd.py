@@ -1,13 +1,18 @@
-"""Adaptive slow-down (AIMD) of a lane's rate: cut hard when the source pushes back, recover slowly.
+"""Adaptive slow-down (AIMD) of a lane's rate, with a remembered ceiling.
 
 The same rule as TCP congestion control: multiplicative decrease backs off fast enough to stop a
-throttling storm, additive increase probes back towards the configured rate without overshooting.
-The rate lanes apply these rules inside one SQL statement (see `lanes.py`); this module is the
-reference the tests hold that SQL to.
+throttling storm, additive increase probes back towards the configured rate. Like TCP's ssthresh
+(CUBIC's W_max), a lane remembers the factor it was throttled at: it climbs back quickly to just
+under that ceiling, stays there a while, then probes upward slowly, so it settles under a lowered
+limit instead of hitting it again every few seconds, and still finds a limit that was raised again.
+
+The rate lanes apply these rules inside one SQL statement per lane (see `lanes.py`); this module is
+the reference the tests hold that SQL to.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from investigations.events import Outcome
@@ -15,17 +20,56 @@ from investigations.events import Outcome
 if TYPE_CHECKING:  # specs pull in pydantic; pacing only needs their attributes at run time
     from investigations.specs import ThrottleSpec
 
+NO_CEILING = 1.0  # ceiling_factor of a lane never throttled: the configured rate is the only limit known
+NEVER_CUT_S = 0.0  # last_cut_s of a lane never cut (epoch seconds: long ago)
+
+
+@dataclass(frozen=True)
+class AimdState:
+    """A lane's AIMD state: its rate factor, the factor it was last throttled at, and when."""
+
+    rate_factor: float = 1.0
+    ceiling_factor: float = NO_CEILING
+    last_cut_s: float = NEVER_CUT_S
+
+
+def in_cut_hold(state: AimdState, now: float, spec: ThrottleSpec) -> bool:
+    """Whether a throttle signal now belongs to the episode of the last cut."""
+    return now - state.last_cut_s < spec.cut_hold_s
+
+
+def target(state: AimdState, spec: ThrottleSpec) -> float:
+    """The factor a lane climbs back to quickly: `ceiling_margin` under its remembered ceiling."""
+    return state.ceiling_factor * (1.0 - spec.ceiling_margin)
+
+
+def on_throttle(state: AimdState, now: float, spec: ThrottleSpec) -> AimdState:
+    """The lane after a throttle signal: one cut per episode, remembering the factor it hit."""
+    # Within cut_hold_s of a cut: answers to requests sent at the old rate, already paid for.
+    if in_cut_hold(state, now, spec):
+        return state
+    # The factor that was throttled is the ceiling; the cut itself is plain multiplicative decrease.
+    return AimdState(rate_factor=decrease(state.rate_factor, spec), ceiling_factor=state.rate_factor,
+                     last_cut_s=now)
+
+
+def on_success(state: AimdState, now: float, spec: ThrottleSpec) -> AimdState:
+    """The lane after a success: climb fast to just under the ceiling, hold, then probe slowly."""
+    goal = target(state, spec)
+    # Under the target: the rate there worked before the last cut, so win it back quickly.
+    if state.rate_factor < goal:
+        return replace(state, rate_factor=min(goal, state.rate_factor + spec.increase_step))
+    # At the target: just under the rate that was throttled; stay a while instead of hitting it again.
+    if now - state.last_cut_s < spec.ceiling_hold_s:
+        return state
+    # Held long enough: creep upward, in case the source raised its limit again.
+    return replace(state, rate_factor=min(1.0, state.rate_factor + spec.probe_step))
+
 
 def decrease(factor: float, spec: ThrottleSpec) -> float:
-    """The rate factor after a throttle signal: `factor x decrease_factor`, never below `min_factor`."""
+    """The rate factor after a cut: `factor x decrease_factor`, never below `min_factor`."""
     # Floored: a lane at zero would never send the request that tells us the source is back.
     return max(spec.min_factor, factor * spec.decrease_factor)
-
-
-def increase(factor: float, spec: ThrottleSpec) -> float:
-    """The rate factor after a success: `factor + increase_step`, never above 1 (the configured rate)."""
-    # Capped at 1: the configured rate is a promise to the source, not a starting point.
-    return min(1.0, factor + spec.increase_step)
 
 
 def is_throttle_signal(outcome: Outcome, *, timed_out: bool = False) -> bool:

@@ -1,7 +1,8 @@
 """Rate lanes: GCRA pacing shared by every run and process through the state store.
 
 A lane ("source:<name>" or "identity:<source>:<identity>") keeps one row: the theoretical arrival
-time (TAT) of its next request, a Retry-After floor and an AIMD factor on its configured rate. A
+time (TAT) of its next request, a Retry-After floor, an AIMD factor on its configured rate and the
+remembered ceiling of that factor (the factor last throttled and when it was cut; see aimd). A
 request reserves a slot on every lane it travels on, in one transaction, and then sleeps until the
 latest of those slots: the database, not any one process, decides who goes when.
 """
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, func, select, update
+from sqlalchemy import ColumnElement, Connection, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from investigations.events import Outcome
@@ -71,6 +72,13 @@ class LaneState:
     not_before_s: float
     rate_factor: float
     updated_at_s: float
+    ceiling_factor: float  # the factor last throttled at; 1 = no ceiling known
+    last_cut_s: float  # when the factor was last cut; 0 = never
+
+    @property
+    def aimd_state(self) -> aimd.AimdState:
+        """The lane's AIMD state, as the reference rules in `aimd` take it."""
+        return aimd.AimdState(self.rate_factor, self.ceiling_factor, self.last_cut_s)
 
 
 @dataclass(frozen=True)
@@ -137,8 +145,10 @@ class RateLanes:
     ) -> None:
         """Tell the lanes how a request went: throttle signals cut the rate, successes restore it.
 
-        One atomic statement per lane. A Retry-After is a hard floor: nothing leaves the lane before
-        now + retry_after_s, whatever burst is left.
+        One atomic statement per lane, the SQL twin of `aimd.on_throttle` / `aimd.on_success` (the
+        right-hand sides of an UPDATE read the row as it was, as the reference does). A Retry-After
+        is a hard floor: nothing leaves the lane before now + retry_after_s, whatever burst is left,
+        even when the signal falls in the hold after a cut.
         """
         now = self._clock()
         throttled = aimd.is_throttle_signal(outcome, timed_out=timed_out)
@@ -149,20 +159,30 @@ class RateLanes:
         with self._store.engine.begin() as conn:
             greatest, least = _max_min(conn)
             changes: dict[str, Any] = {"updated_at_s": now}
-            first_factor = 1.0  # a lane's first row, when the feedback comes before any reservation
-            if throttled:  # the SQL twin of aimd.decrease
-                cut = _T.c.rate_factor * throttle.decrease_factor
-                changes["rate_factor"] = greatest(throttle.min_factor, cut)
-                first_factor = aimd.decrease(1.0, throttle)
-            elif succeeded:  # the SQL twin of aimd.increase
-                changes["rate_factor"] = least(1.0, _T.c.rate_factor + throttle.increase_step)
-                first_factor = aimd.increase(1.0, throttle)
+            first = aimd.AimdState()  # a lane's first row, when the feedback comes before any reservation
+            factor, ceiling, last_cut = _T.c.rate_factor, _T.c.ceiling_factor, _T.c.last_cut_s
+            if throttled:  # the SQL twin of aimd.on_throttle
+                held = now - last_cut < throttle.cut_hold_s
+                cut = greatest(throttle.min_factor, factor * throttle.decrease_factor)
+                changes["rate_factor"] = case((held, factor), else_=cut)
+                changes["ceiling_factor"] = case((held, ceiling), else_=factor)
+                changes["last_cut_s"] = case((held, last_cut), else_=now)
+                first = aimd.on_throttle(first, now, throttle)
+            elif succeeded:  # the SQL twin of aimd.on_success
+                goal = ceiling * (1.0 - throttle.ceiling_margin)
+                changes["rate_factor"] = case(
+                    (factor < goal, least(goal, factor + throttle.increase_step)),
+                    (now - last_cut < throttle.ceiling_hold_s, factor),
+                    else_=least(1.0, factor + throttle.probe_step),
+                )
+                first = aimd.on_success(first, now, throttle)
             if floor is not None:
                 changes["not_before_s"] = greatest(_T.c.not_before_s, floor)
             # Sorted like reserve(), so two transactions never lock the same lanes in opposite orders.
             for lane in _unique_sorted(lanes):
-                row = {"lane": lane.name, "tat_s": now, "not_before_s": floor or 0.0,
-                       "rate_factor": first_factor, "updated_at_s": now}
+                row = {"lane": lane.name, "tat_s": now, "not_before_s": floor or 0.0, "updated_at_s": now,
+                       "rate_factor": first.rate_factor, "ceiling_factor": first.ceiling_factor,
+                       "last_cut_s": first.last_cut_s}
                 stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=changes)
                 conn.execute(stmt)
 
@@ -182,8 +202,10 @@ class RateLanes:
         # the row holds at that moment: reading the factor first would be a race.
         units = self._sampler.slot_units()
         greatest, _ = _max_min(conn)
+        fresh = aimd.AimdState()
         first = {"lane": lane.name, "tat_s": now + units / lane.rate_per_s, "not_before_s": 0.0,
-                 "rate_factor": 1.0, "updated_at_s": now}
+                 "updated_at_s": now, "rate_factor": fresh.rate_factor, "ceiling_factor": fresh.ceiling_factor,
+                 "last_cut_s": fresh.last_cut_s}
         gcra_start = greatest(_T.c.tat_s, now, _T.c.not_before_s)
         stmt = (
             _insert(conn)

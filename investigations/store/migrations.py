@@ -5,31 +5,71 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, Engine, inspect, select, text
+from sqlalchemy import Column, Connection, Engine, Float, MetaData, String, Table, inspect, select, text
 
 from investigations.store import schema as s
 
-# Each step takes a database at version N-1 to N. A step may create a table from its declaration in
-# `schema.py` only while that declaration is unchanged since the step was written; a later change to
-# a table is a new step with explicit DDL (ALTER TABLE ...).
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {
-    1: lambda conn: s.metadata.create_all(
+# Each step takes a database at version N-1 to N (and is given the Postgres schema, if any). A step
+# may create a table from its declaration in `schema.py` only while that declaration is unchanged
+# since the step was written; a later change to a table is a new step with explicit DDL (ALTER
+# TABLE ...), and the step that created the table then creates it from a frozen copy of the columns
+# it had then, so every database, new or old, goes through the same DDL.
+
+# `rate_lanes` as version 2 created it; version 4 adds its ceiling columns.
+_RATE_LANES_V2 = Table(
+    "rate_lanes",
+    MetaData(),
+    Column("lane", String(200), primary_key=True),
+    Column("tat_s", Float, nullable=False),
+    Column("not_before_s", Float, nullable=False),
+    Column("rate_factor", Float, nullable=False),
+    Column("updated_at_s", Float, nullable=False),
+)
+
+
+def _qualified(conn: Connection, table: str, schema: str | None) -> str:
+    # Raw DDL bypasses the engine's schema translation: name the schema here.
+    quote = conn.dialect.identifier_preparer
+    return f"{quote.quote_schema(schema)}.{quote.quote(table)}" if schema else quote.quote(table)
+
+
+def _create_flow_control(conn: Connection, _schema: str | None) -> None:
+    # New tables only: `rate_lanes` from its version-2 copy, the others from their unchanged declarations.
+    _RATE_LANES_V2.create(conn)
+    s.metadata.create_all(conn, tables=[s.circuits, s.collection_queue])
+
+
+def _add_lane_ceiling(conn: Connection, schema: str | None) -> None:
+    # Existing lanes start with no ceiling known and no cut on record, as a new lane does.
+    lanes = _qualified(conn, "rate_lanes", schema)
+    conn.execute(text(f"ALTER TABLE {lanes} ADD COLUMN ceiling_factor FLOAT NOT NULL DEFAULT 1"))
+    conn.execute(text(f"ALTER TABLE {lanes} ADD COLUMN last_cut_s FLOAT NOT NULL DEFAULT 0"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
+    1: lambda conn, _schema: s.metadata.create_all(
         conn, tables=[s.schema_version, s.cases, s.leads, s.case_leads, s.inbox, s.fetch_log, s.collections,
                       s.dead_letters]
     ),
-    # New tables only: creating them from their declaration is exact as long as they stay unchanged.
-    2: lambda conn: s.metadata.create_all(conn, tables=[s.rate_lanes, s.circuits, s.collection_queue]),
-    3: lambda conn: s.metadata.create_all(
+    2: _create_flow_control,
+    3: lambda conn, _schema: s.metadata.create_all(
         conn, tables=[s.identities, s.identity_leases, s.identity_health, s.range_rests, s.tier_state,
                       s.identity_cookies]
     ),
+    4: _add_lane_ceiling,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database
 
 
-def migrate(engine: Engine, *, schema: str | None = None) -> int:
-    """Apply every missing step in one transaction and return the version reached."""
+def migrate(engine: Engine, *, schema: str | None = None, version: int | None = None) -> int:
+    """Apply every missing step up to `version` (default: this code's) in one transaction.
+
+    Returns the version the database is at afterwards.
+    """
+    target = s.SCHEMA_VERSION if version is None else version
+    if not 1 <= target <= s.SCHEMA_VERSION:
+        raise ValueError(f"no schema version {target}: this code knows versions 1 to {s.SCHEMA_VERSION}")
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             # Two processes starting at once must not both create the tables.
@@ -41,10 +81,10 @@ def migrate(engine: Engine, *, schema: str | None = None) -> int:
             raise RuntimeError(
                 f"the state store is at schema version {current}, newer than this code ({s.SCHEMA_VERSION})"
             )
-        for version in range(current + 1, s.SCHEMA_VERSION + 1):
-            MIGRATIONS[version](conn)
-            conn.execute(s.schema_version.insert().values(version=version, applied_at=datetime.now(UTC)))
-        return s.SCHEMA_VERSION
+        for step in range(current + 1, target + 1):
+            MIGRATIONS[step](conn, schema)
+            conn.execute(s.schema_version.insert().values(version=step, applied_at=datetime.now(UTC)))
+        return max(current, target)
 
 
 def _current_version(conn: Connection, schema: str | None) -> int:

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -167,6 +167,9 @@ rate_lanes = Table(
     Column("not_before_s", Float, nullable=False),  # Retry-After floor: nothing leaves before this
     Column("rate_factor", Float, nullable=False),  # AIMD multiplier of the configured rate, (0, 1]
     Column("updated_at_s", Float, nullable=False),
+    # version 4: the remembered ceiling (see investigations.pacing.aimd)
+    Column("ceiling_factor", Float, nullable=False, server_default="1"),  # factor last throttled at; 1 = none
+    Column("last_cut_s", Float, nullable=False, server_default="0"),  # when it was last cut; 0 = never
 )
 
 circuits = Table(

@@ -65,7 +65,9 @@ def test_fleet_shows_backlog_circuit_and_the_current_rate_per_source(state, monk
                                       "ready_interactive": 2, "dispatched_interactive": 0}
     assert rows["fragile"]["circuit"] == "open"
     assert rows["fragile"]["rate_per_s"] == fragile.rate.source_per_s * fragile.throttle.decrease_factor
+    assert rows["fragile"]["ceiling_rate_per_s"] == fragile.rate.source_per_s  # throttled at the configured rate
     assert rows["robust"]["circuit"] == "closed"
+    assert rows["robust"]["ceiling_rate_per_s"] is None  # never throttled: no ceiling known
 
 
 def test_closing_and_reopening_a_case(state, capsys) -> None:

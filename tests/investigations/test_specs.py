@@ -82,6 +82,16 @@ BROKEN_ENTRIES = [
                  id="missing-env-var-without-default"),
     pytest.param(ALPHA + "    recrawl_every: 15 minutes\n", "recrawl_every '15 minutes' is not a duration",
                  id="bad-duration"),
+    pytest.param(ALPHA + "    throttle: {cut_hold_s: -1}\n",
+                 "key 'throttle.cut_hold_s': Input should be greater than or equal to 0", id="negative-cut-hold"),
+    pytest.param(ALPHA + "    throttle: {ceiling_margin: 1}\n", "key 'throttle.ceiling_margin': Input should be less than 1",
+                 id="ceiling-margin-of-one"),
+    pytest.param(ALPHA + "    throttle: {ceiling_hold_s: -5}\n",
+                 "key 'throttle.ceiling_hold_s': Input should be greater than or equal to 0", id="negative-ceiling-hold"),
+    pytest.param(ALPHA + "    throttle: {probe_step: 0}\n", "key 'throttle.probe_step': Input should be greater than 0",
+                 id="zero-probe-step"),
+    pytest.param(ALPHA + "    throttle: {increase_step: 0.01, probe_step: 0.02}\n",
+                 "key 'throttle': probe_step (0.02) is above increase_step (0.01)", id="probe-faster-than-climb"),
 ]
 
 

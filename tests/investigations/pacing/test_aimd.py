@@ -1,14 +1,27 @@
-"""AIMD: a throttle signal cuts the rate factor multiplicatively, a success restores it additively."""
+"""AIMD with a remembered ceiling: one cut per throttle episode, a fast climb back to just under the
+factor that was throttled, a hold there, then slow probing towards the configured rate.
+"""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
 from investigations.events import Outcome
 from investigations.pacing import aimd
+from investigations.pacing.aimd import AimdState
 from investigations.specs import ThrottleSpec
 
-SPEC = ThrottleSpec(decrease_factor=0.5, increase_step=0.1, min_factor=0.1)
+SPEC = ThrottleSpec(decrease_factor=0.5, increase_step=0.1, min_factor=0.1, cut_hold_s=2.0, ceiling_margin=0.1,
+                    ceiling_hold_s=60.0, probe_step=0.01)
+NOW = 10_000.0
+LONG_AGO = NOW - 1_000.0
+
+
+def same(actual: AimdState, expected: AimdState) -> bool:
+    return (actual.rate_factor, actual.ceiling_factor, actual.last_cut_s) == pytest.approx(
+        (expected.rate_factor, expected.ceiling_factor, expected.last_cut_s))
 
 
 @pytest.mark.parametrize(
@@ -26,16 +39,73 @@ def test_decrease(factor: float, expected: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("factor", "expected"),
+    ("before", "after"),
     [
-        (0.1, 0.2),  # one step up
-        (0.5, 0.6),
-        (0.95, 1.0),  # would be 1.05: capped at the configured rate
-        (1.0, 1.0),
+        pytest.param(AimdState(), AimdState(0.5, 1.0, NOW), id="first-cut-of-a-fresh-lane"),
+        pytest.param(AimdState(0.6, 1.0, LONG_AGO), AimdState(0.3, 0.6, NOW), id="records-the-factor-it-hit"),
+        pytest.param(AimdState(0.7, 0.6, LONG_AGO), AimdState(0.35, 0.7, NOW), id="a-probe-above-the-ceiling-raises-it"),
+        pytest.param(AimdState(0.15, 0.8, LONG_AGO), AimdState(0.1, 0.15, NOW), id="floored-at-min-factor"),
+        pytest.param(AimdState(0.1, 0.2, LONG_AGO), AimdState(0.1, 0.1, NOW), id="already-at-the-floor"),
+        pytest.param(AimdState(0.5, 1.0, NOW - 2.0), AimdState(0.25, 0.5, NOW), id="cuts-again-once-the-hold-is-over"),
     ],
 )
-def test_increase(factor: float, expected: float) -> None:
-    assert aimd.increase(factor, SPEC) == pytest.approx(expected)
+def test_a_throttle_outside_the_cut_hold_cuts_and_remembers_the_ceiling(before: AimdState, after: AimdState) -> None:
+    assert same(aimd.on_throttle(before, NOW, SPEC), after)
+
+
+@pytest.mark.parametrize("since_cut_s", [0.0, 0.5, 1.99])
+def test_a_throttle_within_the_cut_hold_changes_nothing(since_cut_s: float) -> None:
+    state = AimdState(0.5, 1.0, NOW - since_cut_s)
+    assert aimd.on_throttle(state, NOW, SPEC) == state
+
+
+def test_a_burst_of_throttles_from_requests_in_flight_cuts_once() -> None:
+    state = AimdState()
+    for n in range(8):
+        state = aimd.on_throttle(state, NOW + n * 0.2, SPEC)
+    assert same(state, AimdState(0.5, 1.0, NOW))
+
+
+@pytest.mark.parametrize(
+    ("before", "factor_after"),
+    [
+        pytest.param(AimdState(0.3, 0.6, NOW - 1.0), 0.4, id="below-the-target-climbs-by-increase-step"),
+        pytest.param(AimdState(0.5, 0.6, NOW - 1.0), 0.54, id="the-climb-stops-at-the-target"),
+        pytest.param(AimdState(0.54, 0.6, NOW - 1.0), 0.54, id="holds-at-the-target-after-a-cut"),
+        pytest.param(AimdState(0.54, 0.6, NOW - 59.9), 0.54, id="still-holding-just-before-ceiling-hold"),
+        pytest.param(AimdState(0.54, 0.6, NOW - 60.0), 0.55, id="probes-by-probe-step-after-ceiling-hold"),
+        pytest.param(AimdState(0.7, 0.6, LONG_AGO), 0.71, id="probing-goes-past-the-old-ceiling"),
+        pytest.param(AimdState(0.995, 1.0, LONG_AGO), 1.0, id="probing-stops-at-the-configured-rate"),
+        pytest.param(AimdState(), 1.0, id="a-fresh-lane-stays-at-the-configured-rate"),
+        pytest.param(AimdState(0.1, 0.1, NOW - 1.0), 0.1, id="at-the-floor-under-a-floor-ceiling-holds"),
+    ],
+)
+def test_a_success(before: AimdState, factor_after: float) -> None:
+    after = aimd.on_success(before, NOW, SPEC)
+    assert after.rate_factor == pytest.approx(factor_after)
+    assert (after.ceiling_factor, after.last_cut_s) == (before.ceiling_factor, before.last_cut_s)
+
+
+def test_after_a_cut_successes_climb_fast_to_the_target_then_hold_then_probe_up_to_one() -> None:
+    state = aimd.on_throttle(AimdState(0.8, 1.0, LONG_AGO), NOW, SPEC)  # ceiling 0.8, factor 0.4
+    climb = []
+    for n in range(5):
+        state = aimd.on_success(state, NOW + n, SPEC)
+        climb.append(state.rate_factor)
+    assert climb == pytest.approx([0.5, 0.6, 0.7, 0.72, 0.72])  # 0.72: 10 % under the ceiling
+    assert aimd.on_success(state, NOW + 59.0, SPEC).rate_factor == pytest.approx(0.72)
+    for n in range(40):
+        state = aimd.on_success(state, NOW + 60.0 + n, SPEC)
+    assert state.rate_factor == pytest.approx(1.0)  # 28 probe steps of 0.01, then capped
+
+
+def test_the_factor_never_leaves_min_factor_to_one_whatever_the_sequence() -> None:
+    rng, state, now = random.Random(7), AimdState(), NOW
+    for _ in range(5_000):
+        now += rng.expovariate(1.0) * rng.choice([0.1, 1.0, 30.0])
+        state = (aimd.on_throttle if rng.random() < 0.3 else aimd.on_success)(state, now, SPEC)
+        assert SPEC.min_factor <= state.rate_factor <= 1.0
+        assert SPEC.min_factor <= state.ceiling_factor <= 1.0
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Rate lanes on SQLite and Postgres: GCRA with burst, max-wait refusal, Retry-After floors and AIMD.
+"""Rate lanes on SQLite and Postgres: GCRA with burst, max-wait refusal, Retry-After floors and AIMD
+with a remembered ceiling, held to the reference rules in `aimd`.
 
 A fake clock and a sampler without jitter (sigma 0, no pauses, mean exactly the interval) make the
 numbers exact.
@@ -16,7 +17,8 @@ from investigations.specs import SourceSpec, ThrottleSpec
 from investigations.store import StateStore
 
 T0 = 1_000.0
-THROTTLE = ThrottleSpec(decrease_factor=0.5, increase_step=0.05, min_factor=0.05)
+THROTTLE = ThrottleSpec(decrease_factor=0.5, increase_step=0.05, min_factor=0.05, cut_hold_s=2.0,
+                        ceiling_margin=0.1, ceiling_hold_s=60.0, probe_step=0.01)
 TEN = LaneSpec("source:ten", rate_per_s=10.0, burst=1)
 
 
@@ -63,6 +65,17 @@ def test_a_lane_row_is_created_on_first_use_at_the_full_rate(lanes: RateLanes) -
     assert state is not None
     assert (state.rate_factor, state.not_before_s, state.updated_at_s) == (1.0, 0.0, T0)
     assert state.tat_s == pytest.approx(T0 + 0.1)
+    assert state.aimd_state == aimd.AimdState()  # no ceiling known, never cut
+
+
+@pytest.mark.parametrize("outcome", [Outcome.THROTTLED, Outcome.OK])
+def test_feedback_before_any_reservation_creates_the_row_the_reference_rules_give(
+    lanes: RateLanes, outcome: Outcome
+) -> None:
+    lanes.feedback([TEN], outcome=outcome, retry_after_s=None, throttle=THROTTLE)
+    rule = aimd.on_throttle if outcome is Outcome.THROTTLED else aimd.on_success
+    state = lanes.state(TEN.name)
+    assert state is not None and state.aimd_state == rule(aimd.AimdState(), T0, THROTTLE)
 
 
 def test_burst_admits_burst_requests_at_once_then_spaces_by_the_interval(lanes: RateLanes) -> None:
@@ -109,6 +122,15 @@ def test_retry_after_is_a_hard_floor_even_with_burst_left(lanes: RateLanes) -> N
     assert lanes.reserve([lane], max_wait_s=60.0).wait_s == pytest.approx(30.0)
 
 
+def test_a_throttle_within_the_cut_hold_still_sets_its_retry_after_floor(lanes: RateLanes, clock: FakeClock) -> None:
+    throttle(lanes, TEN)
+    clock.now += 1.0
+    throttle(lanes, TEN, retry_after_s=30.0)
+    state = lanes.state(TEN.name)
+    assert state is not None and state.rate_factor == pytest.approx(0.5)  # not cut a second time
+    assert lanes.reserve([TEN], max_wait_s=60.0).wait_s == pytest.approx(30.0)
+
+
 def test_a_shorter_retry_after_never_lifts_a_longer_floor(lanes: RateLanes) -> None:
     throttle(lanes, TEN, retry_after_s=30.0)
     throttle(lanes, TEN, retry_after_s=5.0)
@@ -129,26 +151,78 @@ def test_a_timeout_counts_as_a_throttle_signal(lanes: RateLanes) -> None:
     assert state is not None and state.rate_factor == pytest.approx(0.5)
 
 
-def test_successes_restore_the_rate_stepwise_up_to_the_configured_one(lanes: RateLanes) -> None:
-    throttle(lanes, TEN)
-    expected, seen = [], []
-    factor = aimd.decrease(1.0, THROTTLE)
-    for _ in range(12):
+def factors_after_successes(lanes: RateLanes, clock: FakeClock, n: int, *, every_s: float = 1.0) -> list[float]:
+    seen = []
+    for _ in range(n):
+        clock.now += every_s
         succeed(lanes, TEN)
-        factor = aimd.increase(factor, THROTTLE)
-        expected.append(factor)
         state = lanes.state(TEN.name)
         assert state is not None
         seen.append(state.rate_factor)
-    assert seen == pytest.approx(expected)
-    assert seen[9:] == pytest.approx([1.0, 1.0, 1.0])  # ten steps of 0.05 from 0.5, then capped
+    return seen
 
 
-def test_repeated_throttling_never_takes_the_rate_below_min_factor(lanes: RateLanes) -> None:
+def test_a_burst_of_throttles_from_requests_in_flight_cuts_the_rate_once(lanes: RateLanes, clock: FakeClock) -> None:
+    for _ in range(6):
+        throttle(lanes, TEN)
+        clock.now += 0.3
+    state = lanes.state(TEN.name)
+    assert state is not None
+    assert (state.rate_factor, state.ceiling_factor, state.last_cut_s) == pytest.approx((0.5, 1.0, T0))
+
+
+def test_throttles_further_apart_than_the_cut_hold_cut_again_and_lower_the_ceiling(
+    lanes: RateLanes, clock: FakeClock
+) -> None:
+    throttle(lanes, TEN)
+    clock.now += THROTTLE.cut_hold_s
+    throttle(lanes, TEN)
+    state = lanes.state(TEN.name)
+    assert state is not None
+    assert (state.rate_factor, state.ceiling_factor, state.last_cut_s) == pytest.approx((0.25, 0.5, clock.now))
+
+
+def test_successes_climb_back_fast_to_just_under_the_ceiling(lanes: RateLanes, clock: FakeClock) -> None:
+    throttle(lanes, TEN)  # ceiling 1.0, factor 0.5
+    seen = factors_after_successes(lanes, clock, 10)
+    # Eight steps of 0.05 from 0.5 reach the target, 10 % under the ceiling, and stay there.
+    assert seen == pytest.approx([0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.9, 0.9])
+
+
+def test_the_factor_holds_under_the_ceiling_until_ceiling_hold_then_probes_up_to_the_configured_rate(
+    lanes: RateLanes, clock: FakeClock
+) -> None:
+    throttle(lanes, TEN)
+    factors_after_successes(lanes, clock, 8)  # at the target, 0.9
+    clock.now = T0 + THROTTLE.ceiling_hold_s - 1.0
+    assert factors_after_successes(lanes, clock, 1, every_s=0.0) == pytest.approx([0.9])
+    clock.now = T0 + THROTTLE.ceiling_hold_s
+    seen = factors_after_successes(lanes, clock, 12)
+    assert seen == pytest.approx([0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1.0, 1.0, 1.0])
+
+
+def test_repeated_throttling_never_takes_the_rate_below_min_factor(lanes: RateLanes, clock: FakeClock) -> None:
     for _ in range(20):
         throttle(lanes, TEN)
+        clock.now += THROTTLE.cut_hold_s
     state = lanes.state(TEN.name)
     assert state is not None and state.rate_factor == pytest.approx(THROTTLE.min_factor)
+
+
+def test_the_lane_statement_agrees_with_the_reference_rules_step_by_step(lanes: RateLanes, clock: FakeClock) -> None:
+    # Two lanes per feedback, as a request on a source and an identity lane gives it.
+    other = LaneSpec("identity:ten:a", rate_per_s=2.0, burst=1)
+    rng, expected = random.Random(3), aimd.AimdState()
+    for _ in range(300):
+        clock.now += rng.expovariate(1.0) * rng.choice([0.2, 2.0, 40.0])
+        throttled = rng.random() < 0.25
+        lanes.feedback([TEN, other], outcome=Outcome.THROTTLED if throttled else Outcome.OK, retry_after_s=None,
+                       throttle=THROTTLE)
+        expected = (aimd.on_throttle if throttled else aimd.on_success)(expected, clock.now, THROTTLE)
+        for name in (TEN.name, other.name):
+            state = lanes.state(name)
+            assert state is not None
+            assert state.aimd_state == expected
 
 
 def test_an_outcome_that_says_nothing_about_rate_leaves_the_lane_alone(lanes: RateLanes) -> None:
@@ -161,6 +235,15 @@ def test_an_outcome_that_says_nothing_about_rate_leaves_the_lane_alone(lanes: Ra
 def test_all_states_lists_every_lane_by_name(lanes: RateLanes) -> None:
     lanes.reserve([LaneSpec("source:b", 1.0, 1), LaneSpec("identity:b:x", 1.0, 1)], max_wait_s=1.0)
     assert [state.lane for state in lanes.all_states()] == ["identity:b:x", "source:b"]
+
+
+def test_all_states_shows_each_lane_s_remembered_ceiling(lanes: RateLanes, clock: FakeClock) -> None:
+    lanes.reserve([LaneSpec("source:b", 1.0, 1)], max_wait_s=1.0)
+    throttle(lanes, TEN)
+    clock.now += THROTTLE.cut_hold_s
+    throttle(lanes, TEN)
+    ceilings = {state.lane: (state.ceiling_factor, state.last_cut_s) for state in lanes.all_states()}
+    assert ceilings == {"source:b": (1.0, 0.0), TEN.name: (pytest.approx(0.5), clock.now)}
 
 
 def test_source_and_identity_lanes_take_their_names_and_limits_from_the_spec() -> None:

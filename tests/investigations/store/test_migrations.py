@@ -1,0 +1,96 @@
+"""Schema migrations on SQLite and Postgres (in a schema of its own): an old database reaches the
+current version keeping its rows, a new one gets the same tables as a migrated one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, inspect, select
+
+from investigations.events import Outcome
+from investigations.pacing import GapSampler, LaneSpec, RateLanes, aimd
+from investigations.specs import ThrottleSpec
+from investigations.store import StateStore
+from investigations.store import schema as s
+from investigations.store.engine import make_engine
+from investigations.store.migrations import migrate
+
+FRAGILE = LaneSpec("source:fragile", rate_per_s=1.0, burst=1)
+V3_LANE = {"lane": FRAGILE.name, "tat_s": 1_000.5, "not_before_s": 1_003.0, "rate_factor": 0.25,
+           "updated_at_s": 1_000.0}
+
+
+@pytest.fixture
+def engine(database: tuple[str, str | None]) -> Iterator[Engine]:
+    url, schema = database
+    made = make_engine(url, schema=schema)
+    yield made
+    made.dispose()
+
+
+@pytest.fixture
+def v3_database(engine: Engine, database: tuple[str, str | None]) -> Engine:
+    """A database left at version 3, with one rate lane written as version 3 code wrote it."""
+    _, schema = database
+    assert migrate(engine, schema=schema, version=3) == 3
+    with engine.begin() as conn:
+        conn.execute(s.rate_lanes.insert().values(V3_LANE))
+    return engine
+
+
+def lane_columns(engine: Engine, schema: str | None) -> list[tuple[str, bool]]:
+    with engine.connect() as conn:
+        return [(c["name"], c["nullable"]) for c in inspect(conn).get_columns("rate_lanes", schema=schema)]
+
+
+def versions(engine: Engine) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.scalars(select(s.schema_version.c.version).order_by(s.schema_version.c.version)))
+
+
+def test_version_3_lanes_have_no_ceiling_columns(v3_database: Engine, database: tuple[str, str | None]) -> None:
+    assert [name for name, _ in lane_columns(v3_database, database[1])] == [
+        "lane", "tat_s", "not_before_s", "rate_factor", "updated_at_s"]
+
+
+def test_a_version_3_database_migrates_to_the_current_version_keeping_its_lanes(
+    v3_database: Engine, database: tuple[str, str | None]
+) -> None:
+    store = StateStore(v3_database, schema=database[1])
+    assert store.schema_version == s.SCHEMA_VERSION == 4
+    assert versions(v3_database) == [1, 2, 3, 4]
+    assert lane_columns(v3_database, database[1]) == [(c.name, c.nullable) for c in s.rate_lanes.columns]
+    state = RateLanes(store, sampler=GapSampler(random.Random(0))).state(V3_LANE["lane"])
+    assert state is not None
+    assert {k: getattr(state, k) for k in V3_LANE} == V3_LANE
+    # No ceiling known and no cut on record, as for a lane that was never throttled.
+    assert (state.ceiling_factor, state.last_cut_s) == (aimd.NO_CEILING, aimd.NEVER_CUT_S)
+
+
+def test_a_migrated_lane_follows_the_ceiling_rules(v3_database: Engine, database: tuple[str, str | None]) -> None:
+    store = StateStore(v3_database, schema=database[1])
+    lanes = RateLanes(store, sampler=GapSampler(random.Random(0)), clock=lambda: 2_000.0)
+    throttle = ThrottleSpec()
+    lanes.feedback([FRAGILE], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=throttle)
+    state = lanes.state(V3_LANE["lane"])
+    assert state is not None
+    assert state.aimd_state == aimd.on_throttle(aimd.AimdState(rate_factor=0.25), 2_000.0, throttle)
+
+
+def test_a_new_database_has_the_declared_lane_columns_like_a_migrated_one(
+    engine: Engine, database: tuple[str, str | None]
+) -> None:
+    _, schema = database
+    migrate(engine, schema=schema)
+    declared = [(column.name, column.nullable) for column in s.rate_lanes.columns]
+    assert lane_columns(engine, schema) == declared
+    assert versions(engine) == list(range(1, s.SCHEMA_VERSION + 1))
+
+
+def test_migrating_to_an_unknown_version_is_refused(engine: Engine, database: tuple[str, str | None]) -> None:
+    with pytest.raises(ValueError, match="no schema version 5"):
+        migrate(engine, schema=database[1], version=s.SCHEMA_VERSION + 1)
+
