@@ -5,8 +5,9 @@ and backfills), up to the source's concurrency at once. Each lead gets its own m
 check result, so the UI shows per-lead state whichever way it was collected.
 """
 
+import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,7 +34,7 @@ from dagster import (
 from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, source_asset_key
 from assets.partitions import leads_partitions
 from investigations.collect import CollectionFailed, CollectionParked, CollectionResult
-from investigations.priority import BATCH_LEADS_TAG
+from investigations.priority import BACKGROUND_NICENESS, BATCH_LEADS_TAG, is_background
 from investigations.specs import SourceSpec
 from resources.fleet import FleetResource
 
@@ -155,6 +156,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 stored = fleet.store.collection(spec.name, lead_id)
                 yield empty_check(spec, lead_id, stored.records if stored else 0, [])
             return
+        lower_cpu_priority_if_background(context.run.tags)
         failures: list[CollectionFailed] = []
         with ThreadPoolExecutor(max_workers=min(spec.concurrency, len(lead_ids)),
                                 thread_name_prefix=f"collect-{spec.name}") as pool:
@@ -184,6 +186,17 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
             )
 
     return _collect
+
+
+def lower_cpu_priority_if_background(tags: Mapping[str, str]) -> None:
+    """Give a background run's worker process a lower CPU priority (idempotent: niceness is set, not added).
+
+    The in-process executor runs the whole run in this one process, so only this run yields.
+    """
+    if is_background(tags) and hasattr(os, "setpriority"):
+        current = os.getpriority(os.PRIO_PROCESS, 0)
+        if current < BACKGROUND_NICENESS:
+            os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICENESS)
 
 
 def batch_members(context: AssetExecutionContext) -> list[str]:

@@ -6,6 +6,7 @@ run-queue headroom rules and the metrics can tell interactive work from backgrou
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 
@@ -27,6 +28,9 @@ PRIORITY_CLASS_TAG = "investigations/priority_class"
 # Set on recurring and backfill runs; dagster.yaml caps how many run at once, so the rest of the
 # run slots stay free for interactive work.
 BACKGROUND_TAG = "investigations/background"
+# Unix niceness of a background run's worker: on a busy machine the CPU goes to a fresh lead's run
+# first (a run start costs seconds of CPU); a batch waits on its rate lanes most of the time anyway.
+BACKGROUND_NICENESS = 10
 # A batch run names its member leads here; its partition range is only the envelope around them.
 BATCH_LEADS_TAG = "investigations/batch_leads"
 
@@ -37,3 +41,8 @@ def run_tags(priority: PriorityClass) -> dict[str, str]:
     if priority is not PriorityClass.INTERACTIVE:
         tags[BACKGROUND_TAG] = "true"
     return tags
+
+
+def is_background(tags: Mapping[str, str]) -> bool:
+    """Whether a run is background work: our recurring crawls and backfills, or a UI backfill."""
+    return tags.get(BACKGROUND_TAG) == "true" or "dagster/backfill" in tags

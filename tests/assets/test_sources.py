@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,7 @@ from investigations.catalog import load_catalog
 from investigations.config import Settings
 from investigations.leads import normalize_lead
 from investigations.pacing import Circuits
-from investigations.priority import BATCH_LEADS_TAG
+from investigations.priority import BACKGROUND_NICENESS, BATCH_LEADS_TAG, PriorityClass, run_tags
 from investigations.specs import parse_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
@@ -169,3 +173,28 @@ def test_a_batch_run_collects_only_its_member_leads_inside_the_envelope(world) -
               BATCH_LEADS_TAG: ",".join(members)},
     )
     assert sorted(m.partition for m in result.asset_materializations_for_node("sources__robust")) == sorted(members)
+
+
+def _niceness_after(tags: dict[str, str]) -> int:
+    # In a child process: the niceness of a process can only go up, and this one runs the other tests.
+    code = ("import json, os, sys; from assets.sources import lower_cpu_priority_if_background as lower; "
+            "tags = json.loads(sys.argv[1]); lower(tags); lower(tags); print(os.getpriority(os.PRIO_PROCESS, 0))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(tags)], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    return int(done.stdout.strip())
+
+
+@pytest.mark.parametrize(
+    ("tags", "background"),
+    [
+        (run_tags(PriorityClass.INTERACTIVE), False),
+        (run_tags(PriorityClass.RECURRING), True),
+        (run_tags(PriorityClass.BACKFILL), True),
+        ({"dagster/backfill": "abc"}, True),  # a backfill launched from the UI
+    ],
+)
+def test_a_background_run_worker_gives_up_cpu_priority_once_and_an_interactive_one_keeps_it(
+    tags: dict[str, str], background: bool
+) -> None:
+    inherited = os.getpriority(os.PRIO_PROCESS, 0)
+    assert _niceness_after(tags) == (max(inherited, BACKGROUND_NICENESS) if background else inherited)
