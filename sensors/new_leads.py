@@ -13,8 +13,10 @@ from functools import cache
 
 from dagster import (
     DagsterInstance,
+    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -26,7 +28,7 @@ from assets.jobs import SourceJob
 from assets.naming import job_name
 from assets.partitions import leads_partitions
 from investigations.pacing import Circuits
-from investigations.priority import BATCH_LEADS_TAG, PriorityClass, run_tags
+from investigations.priority import BACKGROUND_TAG, BATCH_LEADS_TAG, PriorityClass, run_tags
 from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import InboxItem, QueuedCollection, StateStore, utcnow
 from resources.fleet import FleetResource
@@ -42,6 +44,9 @@ MAX_RUNS_PER_TICK = 100
 INTERVAL_S = 1
 # Background runs collect a batch of leads sized to about this much work at the source's rate.
 BATCH_SECONDS = 90
+# A run in these states holds, or will hold, a slot of its source's pool.
+IN_FLIGHT_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+                      DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 # A dispatched collection whose run never reported back goes back to the queue after this long.
 STALE_DISPATCH = timedelta(minutes=30)
 
@@ -97,16 +102,18 @@ def batch_size(spec: SourceSpec) -> int:
 
 def background_bound(spec: SourceSpec) -> int:
     """Background collections of a source handed to Dagster at once: `concurrency` whole batches,
-    within `max_in_flight`. The source's pool has a slot more (see `pools`), kept for fresh leads."""
+    within `max_in_flight`."""
     return min(spec.max_in_flight, spec.concurrency * batch_size(spec))
 
 
-def background_take(spec: SourceSpec, *, in_flight: int, ready: int) -> int:
+def background_take(spec: SourceSpec, *, in_flight: int, ready: int, runs_in_flight: int = 0) -> int:
     """How many background collections to hand over now: whole batches only, or the whole backlog
-    when it is smaller than a batch and fits. Handing over whatever room the last finished leads
-    freed would start a trickle of small runs, each costing seconds of CPU to start."""
-    room = background_bound(spec) - in_flight
+    when it is smaller than a batch and fits, and never a run beyond `concurrency` background runs
+    of the source (counted in Dagster: a batch near its end still holds a pool slot). The pool has
+    a slot more (see `pools`), kept for fresh leads. Handing over whatever room the last finished
+    leads freed would start a trickle of small runs, each costing seconds of CPU to start."""
     size = batch_size(spec)
+    room = min(background_bound(spec) - in_flight, (spec.concurrency - runs_in_flight) * size)
     if room >= size:
         return room // size * size
     return ready if 0 < ready <= room else 0
@@ -181,8 +188,10 @@ def dispatch(
     circuits: Circuits | None = None,
     now: datetime | None = None,
     partition_order: Callable[[], Mapping[str, int]] = dict,
+    background_runs: Callable[[str], int] = lambda _source: 0,
 ) -> tuple[list[RunRequest], list[str]]:
-    """Hand each source's ready collections to Dagster within its backpressure bound and circuit."""
+    """Hand each source's ready collections to Dagster within its backpressure bound and circuit;
+    `background_runs(source)` counts the source's background runs not finished yet."""
     now = now or utcnow()
     store.release_stale_dispatches(older_than=now - STALE_DISPATCH)
     depths = store.queue_depths(now=now)
@@ -204,7 +213,9 @@ def dispatch(
         interactive_room = spec.max_in_flight - depth["dispatched_interactive"]
         background_in_flight = depth["dispatched"] - depth["dispatched_interactive"]
         background_ready = depth["ready"] - depth["ready_interactive"]
-        background_room = background_take(spec, in_flight=background_in_flight, ready=background_ready)
+        runs_in_flight = background_runs(spec.name) if background_ready else 0
+        background_room = background_take(spec, in_flight=background_in_flight, ready=background_ready,
+                                          runs_in_flight=runs_in_flight)
         if allowed is not None:  # a probe: one collection at a time, whatever its class
             interactive_room = background_room = min(allowed - depth["dispatched"], 1)
         rows = store.dispatch(spec.name, limit=min(interactive_room, max_runs - len(requests)), now=now,
@@ -223,9 +234,9 @@ def dispatch(
                                         classes=[PriorityClass.RECURRING.value, PriorityClass.BACKFILL.value])
         if background_ready > len(background) and allowed is None:
             reasons.append(
-                f"{spec.name}: {background_in_flight + len(background)} background collections in flight (at most "
-                f"{background_bound(spec)}: {spec.concurrency} batch(es) of {batch_size(spec)}); "
-                f"{background_ready - len(background)} wait in the backlog"
+                f"{spec.name}: {background_in_flight + len(background)} background collections in flight in "
+                f"{runs_in_flight} run(s) and {len(background)} more handed over (at most {spec.concurrency} "
+                f"batch(es) of {batch_size(spec)}); {background_ready - len(background)} wait in the backlog"
             )
         requests.extend(run_requests_for(spec, rows + background, partition_order))
     return requests, reasons
@@ -240,6 +251,16 @@ def partition_order_of(instance: DagsterInstance) -> Callable[[], Mapping[str, i
         return {key: position for position, key in enumerate(keys)}
 
     return order
+
+
+def background_runs_of(instance: DagsterInstance) -> Callable[[str], int]:
+    """Counts a source's background runs that are queued or running, from Dagster's run records."""
+
+    def count(source: str) -> int:
+        return instance.get_runs_count(RunsFilter(job_name=job_name(source), statuses=IN_FLIGHT_STATUSES,
+                                                  tags={BACKGROUND_TAG: "true"}))
+
+    return count
 
 
 def build_new_lead_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> SensorDefinition:
@@ -260,7 +281,8 @@ def build_new_lead_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> Sens
             context.log.warning(note)
         sync_pool_limits(context.instance, catalog)
         run_requests, reasons = dispatch(store, catalog, max_runs=MAX_RUNS_PER_TICK, circuits=Circuits(store),
-                                         partition_order=partition_order_of(context.instance))
+                                         partition_order=partition_order_of(context.instance),
+                                         background_runs=background_runs_of(context.instance))
         for reason in reasons:
             context.log.info(f"backpressure: {reason}")
         new_cursor = str(items[-1].id) if items else context.cursor

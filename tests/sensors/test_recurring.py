@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+
+from assets.naming import job_name
 from investigations.leads import normalize_lead
 from investigations.pacing import Circuits
-from investigations.priority import BATCH_LEADS_TAG
+from investigations.priority import BATCH_LEADS_TAG, PriorityClass, run_tags
 from investigations.specs import load_sources
 from investigations.store import StateStore
-from sensors.new_leads import background_take, batch_size, dispatch
+from sensors.new_leads import background_runs_of, background_take, batch_size, dispatch
 from sensors.recurring import plan_recurring, window_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,6 +158,36 @@ def test_background_work_is_handed_over_in_whole_batches_up_to_concurrency_batch
     catalog, _ = world
     spec = _robust(catalog, batch_max_leads=10, concurrency=3)
     assert background_take(spec, in_flight=in_flight, ready=ready) == taken
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "ready", "runs", "taken"),
+    [
+        (5, 1000, 3, 0),  # three batches near their ends still hold three pool slots
+        (5, 1000, 2, 10),  # one run slot free: one batch, however much collection room is left
+        (0, 4, 3, 0),  # even a small backlog waits for a run slot
+        (0, 1000, 0, 30),
+    ],
+)
+def test_background_work_never_takes_more_than_concurrency_background_runs(
+    world, in_flight: int, ready: int, runs: int, taken: int
+) -> None:
+    catalog, _ = world
+    spec = _robust(catalog, batch_max_leads=10, concurrency=3)
+    assert background_take(spec, in_flight=in_flight, ready=ready, runs_in_flight=runs) == taken
+
+
+def test_background_runs_in_flight_are_counted_from_dagster_per_source() -> None:
+    instance = DagsterInstance.ephemeral()
+    statuses = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTED, DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE]
+    for status in statuses:
+        instance.add_run(DagsterRun(job_name=job_name("robust"), status=status, tags=run_tags(PriorityClass.BACKFILL)))
+    instance.add_run(DagsterRun(job_name=job_name("robust"), status=DagsterRunStatus.STARTED,
+                                tags=run_tags(PriorityClass.INTERACTIVE)))
+    instance.add_run(DagsterRun(job_name=job_name("slow"), status=DagsterRunStatus.STARTING,
+                                tags=run_tags(PriorityClass.RECURRING)))
+    count = background_runs_of(instance)
+    assert (count("robust"), count("slow"), count("quiet")) == (2, 1, 0)
 
 
 def test_a_trickle_of_finished_leads_does_not_start_small_batch_runs(world) -> None:
