@@ -142,6 +142,9 @@ class SourceSpec(_Model):
     parse: JsonApiParse | HtmlParse
     rate: RateSpec = RateSpec()
     concurrency: int = Field(default=1, ge=1, le=64)
+    # Pool slots beyond `concurrency` that background runs never take: fresh leads arriving together
+    # start at once while the source's batches run. The default matches dagster.yaml's headroom (6 - 3).
+    interactive_slots: int = Field(default=3, ge=1, le=64)
     retry: RetrySpec = RetrySpec()
     throttle: ThrottleSpec = ThrottleSpec()
     circuit: CircuitSpec = CircuitSpec()

@@ -1,10 +1,10 @@
 """Keep the instance's pool limits in step with each source's `concurrency` in sources.yaml.
 
-A source's pool holds `concurrency` runs plus one slot that only interactive work can count on: the
-dispatcher never hands a source more than `concurrency` batches of background work at once (see
-`new_leads.background_bound`), so a fresh lead's run finds its pool open even while the source's
-batches run, instead of waiting behind a 90 s batch. The source's rate lane, not the pool, keeps
-the requests within what the source allows.
+A source's pool holds `concurrency` runs plus `interactive_slots` that only interactive work can
+count on: the dispatcher never hands a source more than `concurrency` background runs at once (see
+`new_leads.background_take`), so fresh leads find the pool open even while the source's batches
+run, instead of waiting behind a 90 s batch. The source's rate lane, not the pool, keeps the
+requests within what the source allows.
 
 Dagster keeps pool limits in the instance, not in code. The new-lead sensor calls this before it
 requests runs, so a limit edited in sources.yaml takes effect on the next tick, and no source run
@@ -19,12 +19,9 @@ from assets.naming import pool_name
 from investigations.specs import SourceCatalog, SourceSpec
 
 
-INTERACTIVE_POOL_SLOTS = 1
-
-
 def pool_limit(spec: SourceSpec) -> int:
-    """The source pool's limit: its concurrency, plus the slot kept for interactive runs."""
-    return spec.concurrency + INTERACTIVE_POOL_SLOTS
+    """The source pool's limit: its concurrency, plus the slots kept for interactive runs."""
+    return spec.concurrency + spec.interactive_slots
 
 
 def sync_pool_limits(instance: DagsterInstance, catalog: SourceCatalog) -> dict[str, int]:

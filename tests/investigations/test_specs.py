@@ -82,6 +82,8 @@ BROKEN_ENTRIES = [
                  id="missing-env-var-without-default"),
     pytest.param(ALPHA + "    recrawl_every: 15 minutes\n", "recrawl_every '15 minutes' is not a duration",
                  id="bad-duration"),
+    pytest.param(ALPHA + "    interactive_slots: 0\n",
+                 "key 'interactive_slots': Input should be greater than or equal to 1", id="no-interactive-slot"),
     pytest.param(ALPHA + "    throttle: {cut_hold_s: -1}\n",
                  "key 'throttle.cut_hold_s': Input should be greater than or equal to 0", id="negative-cut-hold"),
     pytest.param(ALPHA + "    throttle: {ceiling_margin: 1}\n", "key 'throttle.ceiling_margin': Input should be less than 1",

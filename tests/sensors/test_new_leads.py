@@ -115,8 +115,8 @@ def test_pool_limits_on_the_instance_follow_sources_yaml(world) -> None:
     _accept(store, ["example.com"], webhook="w1")
     _evaluate(sensor, instance)
     limits = {limit.name: limit.limit for limit in instance.event_log_storage.get_pool_limits()}
-    # One slot above the source's concurrency: background work never holds more than concurrency.
-    assert all(limits[pool_name(spec.name)] == spec.concurrency + 1 for spec in catalog.sources)
+    # Slots above the source's concurrency: background work never holds more than concurrency.
+    assert all(limits[pool_name(spec.name)] == spec.concurrency + spec.interactive_slots for spec in catalog.sources)
 
 
 def test_without_sources_a_lead_goes_to_every_source_taking_its_kind(world) -> None:
