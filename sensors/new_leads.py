@@ -109,9 +109,10 @@ def background_bound(spec: SourceSpec) -> int:
 def background_take(spec: SourceSpec, *, in_flight: int, ready: int, runs_in_flight: int = 0) -> int:
     """How many background collections to hand over now: whole batches only, or the whole backlog
     when it is smaller than a batch and fits, and never a run beyond `concurrency` background runs
-    of the source (counted in Dagster: a batch near its end still holds a pool slot). The pool has
-    a slot more (see `pools`), kept for fresh leads. Handing over whatever room the last finished
-    leads freed would start a trickle of small runs, each costing seconds of CPU to start."""
+    of the source (counted in Dagster: a batch near its end still holds a pool slot); the pool's
+    `interactive_slots` above that stay for fresh leads (see `pools`). Handing over whatever room
+    the last finished leads freed would start a trickle of small runs, each costing seconds of CPU
+    to start."""
     size = batch_size(spec)
     room = min(background_bound(spec) - in_flight, (spec.concurrency - runs_in_flight) * size)
     if room >= size:
@@ -208,6 +209,10 @@ def dispatch(
                 reasons.append(why)
             if allowed == 0:
                 continue
+        if allowed is not None:  # a probe: one collection at a time, whatever its class
+            limit = min(allowed - depth["dispatched"], 1, max_runs - len(requests))
+            requests.extend(run_requests_for(spec, store.dispatch(spec.name, limit=limit, now=now), partition_order))
+            continue
         # Interactive work and background work are bounded apart, so a full background backlog
         # never holds a fresh lead back.
         interactive_room = spec.max_in_flight - depth["dispatched_interactive"]
@@ -216,23 +221,20 @@ def dispatch(
         runs_in_flight = background_runs(spec.name) if background_ready else 0
         background_room = background_take(spec, in_flight=background_in_flight, ready=background_ready,
                                           runs_in_flight=runs_in_flight)
-        if allowed is not None:  # a probe: one collection at a time, whatever its class
-            interactive_room = background_room = min(allowed - depth["dispatched"], 1)
         rows = store.dispatch(spec.name, limit=min(interactive_room, max_runs - len(requests)), now=now,
                               classes=[PriorityClass.INTERACTIVE.value])
-        if depth["ready_interactive"] > len(rows) and allowed is None:
+        if depth["ready_interactive"] > len(rows):
             reasons.append(
-                f"{spec.name}: {depth['dispatched_interactive'] + len(rows)} interactive collections in flight (max_in_flight "
-                f"{spec.max_in_flight}); {depth['ready_interactive'] - len(rows)} wait in the backlog"
+                f"{spec.name}: {depth['dispatched_interactive'] + len(rows)} interactive collections in flight "
+                f"(max_in_flight {spec.max_in_flight}); {depth['ready_interactive'] - len(rows)} wait in the backlog"
             )
         runs_left = max_runs - len(requests) - len(rows)
-        background_room = min(background_room - (len(rows) if allowed is not None else 0),
-                              runs_left * batch_size(spec))
+        background_room = min(background_room, runs_left * batch_size(spec))
         background: list[QueuedCollection] = []
         if background_room > 0:
             background = store.dispatch(spec.name, limit=background_room, now=now,
                                         classes=[PriorityClass.RECURRING.value, PriorityClass.BACKFILL.value])
-        if background_ready > len(background) and allowed is None:
+        if background_ready > len(background):
             reasons.append(
                 f"{spec.name}: {background_in_flight + len(background)} background collections in flight in "
                 f"{runs_in_flight} run(s) and {len(background)} more handed over (at most {spec.concurrency} "
