@@ -163,15 +163,21 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
             # Reported as they come (in batch order), not at the end: a 90 s batch shows progress in
             # the UI, and a crash midway leaves what was stored materialized.
             outcomes = pool.map(lambda lead: _collect_one(fleet, spec, lead, context.run.run_id), lead_ids)
-            for lead_id, outcome in zip(lead_ids, outcomes):
-                if isinstance(outcome, CollectionResult):
-                    yield materialization(spec, outcome)
-                    yield empty_check(spec, lead_id, outcome.records, outcome.sample_keys)
-                elif isinstance(outcome, CollectionParked):
-                    context.log.warning(f"{outcome}; back in the queue")
-                else:
-                    context.log.error(str(outcome))
-                    failures.append(outcome)
+            try:
+                for lead_id, outcome in zip(lead_ids, outcomes):
+                    if isinstance(outcome, CollectionResult):
+                        yield materialization(spec, outcome)
+                        yield empty_check(spec, lead_id, outcome.records, outcome.sample_keys)
+                    elif isinstance(outcome, CollectionParked):
+                        context.log.warning(f"{outcome}; back in the queue")
+                    else:
+                        context.log.error(str(outcome))
+                        failures.append(outcome)
+            except BaseException:
+                # A terminated run stops after the leads in flight instead of collecting the rest of
+                # its batch first; those go back to the queue as stale dispatches.
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
         if failures:
             # A permanent failure (4xx, unparseable, refused) is not worth a step retry, and neither
             # is a batch: its failed leads are dead letters already, its good ones are stored.
