@@ -40,6 +40,9 @@ if TYPE_CHECKING:  # adapters import redact_url from here; the dependency stays 
 
 DEFAULT_USER_AGENT = "investigations-fleet/0.1 (collection fleet; contact via project README)"
 DEFAULT_MAX_BODY_BYTES = 10_000_000
+# An identity's turns on a shared source lane are tracked only while it sends within this many of
+# the source's intervals of its last send.
+TURN_MAX_INTERVALS = 20
 _SECRET_NAME_PARTS = ("key", "token", "secret", "password", "passwd", "sig", "auth")
 _URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -97,6 +100,13 @@ class FetchParked(Exception):
         self.last_status = last_status
         self.requests = requests
         self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Turn:
+    sent_at_s: float
+    period_s: float | None  # since the identity's previous send, when it was taking turns
+    behind_others: bool  # its send waited more than an interval for the source lane: others were ahead
 
 
 @dataclass(frozen=True)
@@ -200,6 +210,8 @@ class Fetcher:
         )
         self._identity_clients: dict[str, httpx.Client] = {}
         self._clients_lock = threading.Lock()
+        # Per identity lane: when it last sent and whether it waited behind other identities then.
+        self._turns: dict[str, _Turn] = {}
 
     @property
     def lanes(self) -> RateLanes | None:
@@ -354,14 +366,31 @@ class Fetcher:
                                   f"{health.state} at {spec.name} after {what}")
 
     def _wait_for_lanes(self, spec: SourceSpec, lanes: list[LaneSpec], park_at: float | None) -> None:
-        """Sleep until the source's and the identity's lanes let one more request out."""
+        """Sleep until the source's and the identity's lanes let one more request out.
+
+        `lanes` is [source lane, identity lane]. An identity whose last send waited behind other
+        identities on the source lane thinks first (see GapSampler.think_s), so identities sharing
+        a busy source do not take its slots in a fixed turn.
+        """
         if self._lanes is None:
             return
+        source, own = lanes[0].name, lanes[-1].name
+        turn = self._turns.get(own)
+        if turn is not None and turn.behind_others and turn.period_s is not None:
+            self._sleep(self._lanes.think_s(turn.period_s))
         give_up_at = park_at if park_at is not None else self._clock() + spec.throttle.park_after_s
         while True:
             reservation = self._lanes.reserve(lanes, max_wait_s=self._max_lane_wait_s)
             if reservation.granted:
                 self._sleep(reservation.wait_s)
+                sent_at = self._clock()
+                # A period longer than a few source intervals is an identity coming back from idle,
+                # not one taking turns: it has no turn to shuffle.
+                period = sent_at - turn.sent_at_s if turn is not None else None
+                if period is not None and period > TURN_MAX_INTERVALS / spec.rate.source_per_s:
+                    period = None
+                behind = reservation.held_by == source and reservation.held_intervals > 1.5
+                self._turns[own] = _Turn(sent_at_s=sent_at, period_s=period, behind_others=behind)
                 return
             if self._clock() + reservation.wait_s >= give_up_at:
                 raise FetchParked(reservation.wait_s, None, 0, f"rate lane full for {reservation.wait_s:.0f} s")

@@ -9,6 +9,8 @@ Two draws shape a lane's traffic:
   slots. It costs `slot_slack` of throughput on average (4 %).
 - sends: each request leaves a heavy-tailed delay after its slot opens (median half an interval,
   capped at one), now and then after a long pause. That makes gaps between sends vary widely.
+- turns: identities sharing a busy lane would take its slots in a fixed order; one whose last send
+  waited behind others thinks a while (on the scale of its own period) before asking again.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import random
 from dataclasses import dataclass, field
 
 DELAY_MEDIAN = 0.5  # of the interval: sends spread over their slot, which blurs its period most
+THINK_MEDIAN = 0.3  # of an identity's own period: enough to shuffle the turns, little enough to keep the lane busy
 SLACK_SIGMA = 1.0  # lognormal spread of the slot slack: mostly tiny, now and then a real hold-up
 
 
@@ -62,6 +65,17 @@ class GapSampler:
         if self.sigma == 0:
             return 0.0
         return interval_s * min(1.0, DELAY_MEDIAN * self.rng.lognormvariate(0.0, 2 * self.sigma))
+
+    def think_s(self, period_s: float) -> float:
+        """How long an identity waits before asking for its next slot, when a shared lane busy with
+        other identities set its last send. Identities that take the next free slot of a shared
+        lane as soon as their answer is back take the slots in a fixed turn, and each one's sends
+        fall on a period (N slots) that a site watching one address sees; a heavy-tailed think,
+        on the scale of that period (capped at one), shuffles the turns. It costs no throughput
+        while other identities are ready to take the slots it leaves."""
+        if self.sigma == 0:
+            return 0.0
+        return period_s * min(1.0, THINK_MEDIAN * self.rng.lognormvariate(0.0, 2 * self.sigma))
 
 
 def jittered_start_s(period_s: float, *, rng: random.Random, spread: float = 0.1) -> float:

@@ -61,6 +61,10 @@ class Reservation:
     granted: bool
     wait_s: float
     delay_s: float = 0.0  # the part of wait_s that is jitter after the slot opened
+    # The lane whose slot the request waited for (None: it went at once), and that wait in the
+    # lane's intervals: more than one means other requests were ahead in that lane's queue.
+    held_by: str | None = None
+    held_intervals: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,8 @@ class RateLanes:
         now = self._clock()
         with self._store.engine.connect() as conn, conn.begin() as tx:
             slots = [self._take_slot(conn, lane, now) for lane in ordered]
-            send_at = max(slot.send_at_s for slot in slots)
+            binding = max(slots, key=lambda slot: slot.send_at_s)
+            send_at = binding.send_at_s
             # Drawn at the slowest lane's scale: a delay sized to a fast source lane would leave a
             # slow identity lane's own sends on a near-fixed grid (a site watches each address).
             delay = self._sampler.send_delay_s(max(slot.interval_s for slot in slots))
@@ -132,7 +137,14 @@ class RateLanes:
                 if send_at > slot.start_s:
                     held_back = update(_T).where(_T.c.lane == slot.lane.name)
                     conn.execute(held_back.values(tat_s=send_at + slot.gap_s))
-        return Reservation(granted=True, wait_s=wait, delay_s=delay)
+        if send_at <= now:
+            return Reservation(granted=True, wait_s=wait, delay_s=delay)
+        return Reservation(granted=True, wait_s=wait, delay_s=delay, held_by=binding.lane.name,
+                           held_intervals=(send_at - now) / binding.interval_s)
+
+    def think_s(self, period_s: float) -> float:
+        """A think time for an identity that takes turns on a shared lane (see GapSampler.think_s)."""
+        return self._sampler.think_s(period_s)
 
     def feedback(
         self,

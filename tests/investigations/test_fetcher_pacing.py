@@ -10,7 +10,8 @@ import pytest
 
 from investigations.adapters import PlannedRequest
 from investigations.fetcher import Fetcher, FetchFailed, FetchParked
-from investigations.pacing import GapSampler, RateLanes
+from investigations.pacing import GapSampler, RateLanes, source_lane
+from investigations.pacing.jitter import THINK_MEDIAN
 from investigations.specs import SourceSpec
 
 BASE = "http://127.0.0.1:8800"
@@ -106,3 +107,27 @@ def test_503_still_spends_attempts(sqlite_store) -> None:
     with pytest.raises(FetchFailed) as failed:
         fetcher.fetch(spec(attempts=2), REQUEST, lead_id="l1")
     assert failed.value.attempts == 2 and failed.value.reason_group == "throttled"
+
+
+def test_an_identity_alone_on_a_busy_source_never_thinks_between_its_sends(sqlite_store) -> None:
+    time_ = FakeTime()
+    fetcher, _, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 6)
+    for _ in range(6):
+        fetcher.fetch(spec(rate_per_s=2.0), REQUEST, lead_id="l1")
+    assert len(time_.slept) == 6  # one lane wait per request, no think time: it waited for itself only
+
+
+def test_an_identity_that_waited_behind_others_thinks_on_the_scale_of_its_period(sqlite_store) -> None:
+    time_ = FakeTime()
+    fetcher, lanes, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 3)
+    source = spec(rate_per_s=2.0)
+    fetcher.fetch(source, REQUEST, lead_id="l1")
+    for _ in range(3):  # three other identities take the source's next slots
+        lanes.reserve([source_lane(source)], max_wait_s=60)
+    fetcher.fetch(source, REQUEST, lead_id="l1")  # waits ~3 intervals behind them
+    period = sent[1] - sent[0]
+    before = len(time_.slept)
+    fetcher.fetch(source, REQUEST, lead_id="l1")
+    think = time_.slept[before]
+    assert len(time_.slept) == before + 2  # a think, then the lane wait
+    assert think == pytest.approx(THINK_MEDIAN * period, rel=0.01)

@@ -10,6 +10,7 @@ import statistics
 import pytest
 
 from investigations.pacing import GapSampler, jittered_start_s
+from investigations.pacing.jitter import THINK_MEDIAN
 
 DRAWS = 200_000
 INTERVAL_S = 0.5
@@ -39,6 +40,14 @@ def test_long_pauses_occur_at_the_configured_probability(probability: float) -> 
     sampler = GapSampler(random.Random(4), pause_probability=probability)
     share = sum(sampler.send_delay_s(INTERVAL_S) >= 3.0 * INTERVAL_S for _ in range(DRAWS)) / DRAWS
     assert share == pytest.approx(probability, abs=0.003)
+
+
+def test_a_think_time_stays_within_one_period_around_a_third_of_it() -> None:
+    sampler = GapSampler(random.Random(14))
+    thinks = [sampler.think_s(2.0) / 2.0 for _ in range(DRAWS)]
+    assert max(thinks) <= 1.0
+    assert statistics.median(thinks) == pytest.approx(THINK_MEDIAN, abs=0.01)
+    assert GapSampler(random.Random(15), sigma=0.0, pause_probability=0.0).think_s(2.0) == 0.0
 
 
 def test_too_much_slack_is_refused() -> None:

@@ -108,6 +108,16 @@ def test_a_request_on_two_lanes_waits_for_the_slower_one(lanes: RateLanes) -> No
     assert waits(lanes, [fast, slow], 2) == pytest.approx([0.0, 0.5])
 
 
+def test_a_reservation_names_the_lane_it_waited_for_and_how_many_of_its_intervals(lanes: RateLanes) -> None:
+    fast, slow = LaneSpec("identity:s:a", 10.0, 1), LaneSpec("source:s", 2.0, 1)
+    first = lanes.reserve([fast, slow], max_wait_s=60)
+    assert first.held_by is None and first.held_intervals == 0.0  # went at once
+    lanes.reserve([slow], max_wait_s=60)  # another identity takes the source's next slot
+    third = lanes.reserve([fast, slow], max_wait_s=60)
+    assert third.held_by == "source:s"
+    assert third.held_intervals == pytest.approx(2.0)  # one slot of its own turn, one taken by the other
+
+
 def test_a_lane_held_back_by_another_counts_the_request_when_it_really_leaves(lanes: RateLanes) -> None:
     fast, slow = LaneSpec("identity:s:a", 10.0, 1), LaneSpec("source:s", 2.0, 1)
     waits(lanes, [fast, slow], 2)  # the second request leaves at T0 + 0.5
