@@ -255,6 +255,7 @@ def _records(args: argparse.Namespace) -> int:
 def _fleet(args: argparse.Namespace) -> int:
     from investigations.catalog import load_catalog
     from investigations.pacing import Circuits, GapSampler, RateLanes
+    from investigations.pacing.aimd import NEVER_CUT_S
     from investigations.store import QUEUE_DEPTH_KEYS
 
     settings = Settings.from_env()
@@ -281,7 +282,7 @@ def _fleet(args: argparse.Namespace) -> int:
             "configured_rate_per_s": spec.rate.source_per_s,
             # The rate the source last throttled at, once it has: the lane settles just under it.
             "ceiling_rate_per_s": (round(spec.rate.source_per_s * lane.ceiling_factor, 3)
-                                   if lane and lane.last_cut_s > 0 else None),
+                                   if lane and lane.last_cut_s != NEVER_CUT_S else None),
         })
     if args.json:
         print(json.dumps(rows, default=str, indent=2))

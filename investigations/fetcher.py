@@ -43,6 +43,9 @@ DEFAULT_MAX_BODY_BYTES = 10_000_000
 # An identity's turns on a shared source lane are tracked only while it sends within this many of
 # the source's intervals of its last send.
 TURN_MAX_INTERVALS = 20
+# A send that waited more than this many of the source's intervals had other identities ahead of it
+# (alone, an identity waits at most one: its own previous slot).
+TURN_BEHIND_INTERVALS = 1.5
 _SECRET_NAME_PARTS = ("key", "token", "secret", "password", "passwd", "sig", "auth")
 _URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -106,7 +109,7 @@ class FetchParked(Exception):
 class _Turn:
     sent_at_s: float
     period_s: float | None  # since the identity's previous send, when it was taking turns
-    behind_others: bool  # its send waited more than an interval for the source lane: others were ahead
+    behind_others: bool  # its send waited behind other identities on the source lane
 
 
 @dataclass(frozen=True)
@@ -389,7 +392,7 @@ class Fetcher:
                 period = sent_at - turn.sent_at_s if turn is not None else None
                 if period is not None and period > TURN_MAX_INTERVALS / spec.rate.source_per_s:
                     period = None
-                behind = reservation.held_by == source and reservation.held_intervals > 1.5
+                behind = reservation.held_by == source and reservation.held_intervals > TURN_BEHIND_INTERVALS
                 self._turns[own] = _Turn(sent_at_s=sent_at, period_s=period, behind_others=behind)
                 return
             if self._clock() + reservation.wait_s >= give_up_at:

@@ -193,8 +193,7 @@ class RateLanes:
             # Sorted like reserve(), so two transactions never lock the same lanes in opposite orders.
             for lane in _unique_sorted(lanes):
                 row = {"lane": lane.name, "tat_s": now, "not_before_s": floor or 0.0, "updated_at_s": now,
-                       "rate_factor": first.rate_factor, "ceiling_factor": first.ceiling_factor,
-                       "last_cut_s": first.last_cut_s}
+                       **_aimd_columns(first)}
                 stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=changes)
                 conn.execute(stmt)
 
@@ -214,10 +213,8 @@ class RateLanes:
         # the row holds at that moment: reading the factor first would be a race.
         units = self._sampler.slot_units()
         greatest, _ = _max_min(conn)
-        fresh = aimd.AimdState()
         first = {"lane": lane.name, "tat_s": now + units / lane.rate_per_s, "not_before_s": 0.0,
-                 "updated_at_s": now, "rate_factor": fresh.rate_factor, "ceiling_factor": fresh.ceiling_factor,
-                 "last_cut_s": fresh.last_cut_s}
+                 "updated_at_s": now, **_aimd_columns(aimd.AimdState())}
         gcra_start = greatest(_T.c.tat_s, now, _T.c.not_before_s)
         stmt = (
             _insert(conn)
@@ -235,6 +232,10 @@ class RateLanes:
         tau = (lane.burst - 1) * interval
         # The burst tolerance lets a request go up to tau before its slot; Retry-After is a hard floor.
         return _Slot(lane=lane, start_s=start, gap_s=gap, interval_s=interval, send_at_s=max(now, start - tau, not_before))
+
+
+def _aimd_columns(state: aimd.AimdState) -> dict[str, float]:
+    return {"rate_factor": state.rate_factor, "ceiling_factor": state.ceiling_factor, "last_cut_s": state.last_cut_s}
 
 
 def _unique_sorted(lanes: Sequence[LaneSpec]) -> list[LaneSpec]:
