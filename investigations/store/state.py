@@ -187,6 +187,11 @@ class StateStore:
             for row in rows
         ]
 
+    def last_inbox_id(self) -> int:
+        """The id of the newest inbox row (0 for an empty inbox): one index look-up, cheap to poll."""
+        with self.engine.begin() as conn:
+            return conn.execute(select(func.max(s.inbox.c.id))).scalar() or 0
+
     def get_lead(self, lead_id: str) -> Lead | None:
         with self.engine.begin() as conn:
             row = conn.execute(select(s.leads.c.kind, s.leads.c.value).where(s.leads.c.lead_id == lead_id)).first()

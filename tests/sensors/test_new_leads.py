@@ -31,9 +31,30 @@ def world(sandbox_env, tmp_path, monkeypatch):
     catalog = load_sources(path)
     assert catalog.get("robust").max_in_flight == 2
     store = StateStore.from_url(f"sqlite:///{sandbox_env / 'state.db'}")
-    sensor = build_new_lead_sensor(catalog, [build_source_job(spec) for spec in catalog.sources])
+    # Ticks return at once here; the wait for the inbox has tests of its own below.
+    sensor = build_new_lead_sensor(catalog, [build_source_job(spec) for spec in catalog.sources], wait_for_leads_s=0)
     yield catalog, store, sensor, DagsterInstance.ephemeral()
     store.close()
+
+
+class FakeTime:
+    """A clock that moves only when slept on; `on_sleep` runs at each sleep (a lead arriving, say)."""
+
+    def __init__(self, on_sleep=lambda slept: None) -> None:
+        self.now, self.slept, self.on_sleep = 0.0, [], on_sleep
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept.append(seconds)
+        self.on_sleep(self.slept)
+
+
+def _waiting_sensor(catalog, fake: FakeTime, wait_s: float = 3.5):
+    return build_new_lead_sensor(catalog, [build_source_job(spec) for spec in catalog.sources],
+                                 wait_for_leads_s=wait_s, clock=fake.clock, sleep=fake.sleep)
 
 
 def _evaluate(sensor, instance, cursor=None):
@@ -65,6 +86,36 @@ def test_an_empty_inbox_and_backlog_skips_with_a_reason(world) -> None:
     _, _, sensor, instance = world
     result = _evaluate(sensor, instance, cursor="0")
     assert not result.run_requests and "nothing ready in the backlog" in result.skip_reason.skip_message
+
+
+def test_an_empty_tick_waits_for_the_inbox_and_requests_a_lead_that_arrives_meanwhile(world) -> None:
+    catalog, store, _, instance = world
+    arrived = []
+
+    def lead_arrives_on_the_third_poll(slept) -> None:
+        if len(slept) == 3:
+            arrived.extend(_accept(store, ["late.example"], webhook="w-late", sources=["robust"]))
+
+    fake = FakeTime(lead_arrives_on_the_third_poll)
+    result = _evaluate(_waiting_sensor(catalog, fake), instance, cursor="0")
+    assert [r.partition_key for r in result.run_requests] == [arrived[0].id]
+    assert len(fake.slept) == 3 and fake.now < 3.5  # it returned on the poll that saw the lead
+
+
+def test_an_empty_tick_skips_once_its_wait_is_over(world) -> None:
+    catalog, _, _, instance = world
+    fake = FakeTime()
+    result = _evaluate(_waiting_sensor(catalog, fake, wait_s=1.0), instance, cursor="0")
+    assert not result.run_requests and "nothing ready in the backlog" in result.skip_reason.skip_message
+    assert fake.now == pytest.approx(1.0)
+
+
+def test_a_tick_with_work_returns_without_waiting(world) -> None:
+    catalog, store, _, instance = world
+    _accept(store, ["example.com"], webhook="w1", sources=["robust"])
+    fake = FakeTime()
+    result = _evaluate(_waiting_sensor(catalog, fake), instance)
+    assert len(result.run_requests) == 1 and fake.slept == []
 
 
 def test_a_dispatched_collection_is_not_requested_again(world) -> None:

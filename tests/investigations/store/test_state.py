@@ -104,6 +104,13 @@ def test_inbox_after_returns_rows_oldest_first_up_to_the_limit(store: StateStore
     assert store.inbox_after(rest[-1].id, limit=2) == []
 
 
+def test_last_inbox_id_is_the_newest_row_and_zero_when_empty(store: StateStore) -> None:
+    assert store.last_inbox_id() == 0
+    accept(store, "wh-1", EXAMPLE)
+    accept(store, "wh-2", ALICE)
+    assert store.last_inbox_id() == store.inbox_after(0, limit=10)[-1].id
+
+
 # -- leads ------------------------------------------------------------------------------------------
 
 
