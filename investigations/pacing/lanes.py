@@ -5,6 +5,12 @@ time (TAT) of its next request, a Retry-After floor, an AIMD factor on its confi
 remembered ceiling of that factor (the factor last throttled and when it was cut; see aimd). A
 request reserves a slot on every lane it travels on, in one transaction, and then sleeps until the
 latest of those slots: the database, not any one process, decides who goes when.
+
+- rhythm guard: an identity lane is what one visitor looks like to a site, and a site bans an
+  address whose recent gaps are too regular. Such a lane also keeps the planned times of its last
+  sends, in the same row so that every process sees what the others sent; a request whose gaps
+  would come out too regular leaves later (see GapSampler.rhythm_extra_s), and its lanes' next
+  slots move with it, so the guard never lets more through than the limit.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from investigations.events import Outcome
 from investigations.pacing import aimd
-from investigations.pacing.jitter import GapSampler
+from investigations.pacing.jitter import RHYTHM_SENDS_KEPT, GapSampler
 from investigations.store import schema as s
 from investigations.store.state import StateStore
 
@@ -31,11 +37,16 @@ _T = s.rate_lanes
 
 @dataclass(frozen=True)
 class LaneSpec:
-    """A lane's name and configured limits: `rate_per_s` on average, up to `burst` back to back."""
+    """A lane's name and configured limits: `rate_per_s` on average, up to `burst` back to back.
+
+    `guard_rhythm`: the lane is one address as a site sees it, whose gaps must not look mechanical
+    (see the rhythm guard in the module doc).
+    """
 
     name: str
     rate_per_s: float
     burst: int
+    guard_rhythm: bool = False
 
     def __post_init__(self) -> None:
         if self.rate_per_s <= 0:
@@ -51,7 +62,8 @@ def source_lane(spec: SourceSpec) -> LaneSpec:
 
 def identity_lane(spec: SourceSpec, identity_id: str) -> LaneSpec:
     """The lane of one identity on one source: what the source sees from that one visitor."""
-    return LaneSpec(f"identity:{spec.name}:{identity_id}", spec.rate.identity_per_s, spec.rate.identity_burst)
+    return LaneSpec(f"identity:{spec.name}:{identity_id}", spec.rate.identity_per_s, spec.rate.identity_burst,
+                    guard_rhythm=True)
 
 
 @dataclass(frozen=True)
@@ -60,11 +72,12 @@ class Reservation:
 
     granted: bool
     wait_s: float
-    delay_s: float = 0.0  # the part of wait_s that is jitter after the slot opened
+    delay_s: float = 0.0  # the part of wait_s that is jitter after the slot opened (rhythm guard included)
     # The lane whose slot the request waited for (None: it went at once), and that wait in the
     # lane's intervals: more than one means other requests were ahead in that lane's queue.
     held_by: str | None = None
     held_intervals: float = 0.0
+    rhythm_extra_s: float = 0.0  # the part of delay_s the rhythm guard added: > 0 when it fired
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,7 @@ class LaneState:
     updated_at_s: float
     ceiling_factor: float  # the factor last throttled at; 1 = no ceiling known
     last_cut_s: float  # when the factor was last cut; 0 = never
+    recent_sends_s: tuple[float, ...] = ()  # planned times of a guarded lane's last sends, oldest first
 
     @property
     def aimd_state(self) -> aimd.AimdState:
@@ -92,6 +106,7 @@ class _Slot:
     gap_s: float  # what this request added to the lane's TAT: one interval and its slack
     interval_s: float  # the lane's permitted interval at this moment
     send_at_s: float  # the earliest moment this lane lets the request go
+    recent_sends_s: tuple[float, ...]  # the lane's remembered sends (rhythm guard), as the row held them
 
 
 class RateLanes:
@@ -112,9 +127,10 @@ class RateLanes:
         TAT moves to start + interval x (1 + a small heavy-tailed slack): slots are never closer than
         GCRA allows, so they never exceed what a strict limiter allows, and their phase wanders. The
         request then leaves a heavy-tailed delay after its slot opens (see jitter), which is what
-        makes the sends irregular. When the wait exceeds
-        `max_wait_s` nothing is reserved (rolled back) and `granted` is False, so the caller can park
-        the work instead of holding a worker asleep.
+        makes the sends irregular, and on a guarded lane later still if its last gaps would come out
+        too regular (the rhythm guard). When the wait exceeds `max_wait_s` nothing is reserved
+        (rolled back, remembered sends included) and `granted` is False, so the caller can park the
+        work instead of holding a worker asleep.
         """
         ordered = _unique_sorted(lanes)
         if not ordered:
@@ -126,21 +142,33 @@ class RateLanes:
             send_at = binding.send_at_s
             # Drawn at the slowest lane's scale: a delay sized to a fast source lane would leave a
             # slow identity lane's own sends on a near-fixed grid (a site watches each address).
-            delay = self._sampler.send_delay_s(max(slot.interval_s for slot in slots))
-            wait = send_at - now + delay
+            scale = max(slot.interval_s for slot in slots)
+            delay = self._sampler.send_delay_s(scale)
+            planned = send_at + delay
+            # The guard judges the send as it is planned, jitter included; its own extra is drawn at
+            # the delay's scale. The strictest guarded lane decides: one send serves them all.
+            guard = self._sampler.rhythm_extra_s
+            extra = max((guard(slot.recent_sends_s, planned, scale) for slot in slots if slot.lane.guard_rhythm),
+                        default=0.0)
+            wait = send_at - now + delay + extra
             if wait > max_wait_s:
                 tx.rollback()
                 return Reservation(granted=False, wait_s=wait)
             for slot in slots:
-                # A lane held back by a slower one sees the request when it really leaves (GCRA
-                # arrival time), else its next slot would fall right on top of this send.
-                if send_at > slot.start_s:
-                    held_back = update(_T).where(_T.c.lane == slot.lane.name)
-                    conn.execute(held_back.values(tat_s=send_at + slot.gap_s))
+                changes: dict[str, Any] = {}
+                # A lane held back by a slower one (or by the rhythm guard) sees the request when it
+                # really leaves (GCRA arrival time), else its next slot would fall right on top of
+                # this send.
+                if send_at + extra > slot.start_s:
+                    changes["tat_s"] = send_at + extra + slot.gap_s
+                if slot.lane.guard_rhythm:
+                    changes["recent_sends"] = _sends_text([*slot.recent_sends_s, planned + extra])
+                if changes:
+                    conn.execute(update(_T).where(_T.c.lane == slot.lane.name).values(changes))
         if send_at <= now:
-            return Reservation(granted=True, wait_s=wait, delay_s=delay)
-        return Reservation(granted=True, wait_s=wait, delay_s=delay, held_by=binding.lane.name,
-                           held_intervals=(send_at - now) / binding.interval_s)
+            return Reservation(granted=True, wait_s=wait, delay_s=delay + extra, rhythm_extra_s=extra)
+        return Reservation(granted=True, wait_s=wait, delay_s=delay + extra, held_by=binding.lane.name,
+                           held_intervals=(send_at - now) / binding.interval_s, rhythm_extra_s=extra)
 
     def think_s(self, period_s: float) -> float:
         """A think time for an identity that takes turns on a shared lane (see GapSampler.think_s)."""
@@ -201,12 +229,12 @@ class RateLanes:
         """The stored state of one lane, or None before its first request."""
         with self._store.engine.begin() as conn:
             row = conn.execute(select(_T).where(_T.c.lane == name)).mappings().first()
-        return LaneState(**row) if row else None
+        return _lane_state(row) if row else None
 
     def all_states(self) -> list[LaneState]:
         """Every lane's stored state, by name (for the fleet status and the CLI)."""
         with self._store.engine.begin() as conn:
-            return [LaneState(**row) for row in conn.execute(select(_T).order_by(_T.c.lane)).mappings()]
+            return [_lane_state(row) for row in conn.execute(select(_T).order_by(_T.c.lane)).mappings()]
 
     def _take_slot(self, conn: Connection, lane: LaneSpec, now: float) -> _Slot:
         # The slot's length in intervals is drawn here and scaled inside the statement by the factor
@@ -223,15 +251,31 @@ class RateLanes:
                 index_elements=[_T.c.lane],
                 set_={"tat_s": gcra_start + units / (lane.rate_per_s * _T.c.rate_factor), "updated_at_s": now},
             )
-            .returning(_T.c.tat_s, _T.c.not_before_s, _T.c.rate_factor)
+            .returning(_T.c.tat_s, _T.c.not_before_s, _T.c.rate_factor, _T.c.recent_sends)
         )
-        tat, not_before, factor = conn.execute(stmt).one()
+        tat, not_before, factor, recent_sends = conn.execute(stmt).one()
         interval = 1.0 / (lane.rate_per_s * factor)
         gap = units * interval
         start = tat - gap
         tau = (lane.burst - 1) * interval
         # The burst tolerance lets a request go up to tau before its slot; Retry-After is a hard floor.
-        return _Slot(lane=lane, start_s=start, gap_s=gap, interval_s=interval, send_at_s=max(now, start - tau, not_before))
+        return _Slot(lane=lane, start_s=start, gap_s=gap, interval_s=interval,
+                     send_at_s=max(now, start - tau, not_before), recent_sends_s=_parse_sends(recent_sends))
+
+
+def _parse_sends(text: str) -> tuple[float, ...]:
+    return tuple(float(part) for part in text.split(",") if part)
+
+
+def _sends_text(sends_s: Sequence[float]) -> str:
+    # repr gives back the very float: the next reservation judges the gaps exactly as they were planned.
+    return ",".join(repr(t) for t in sorted(sends_s)[-RHYTHM_SENDS_KEPT:])
+
+
+def _lane_state(row: Any) -> LaneState:
+    fields = dict(row)
+    recent_sends = _parse_sends(fields.pop("recent_sends"))
+    return LaneState(**fields, recent_sends_s=recent_sends)
 
 
 def _aimd_columns(state: aimd.AimdState) -> dict[str, float]:

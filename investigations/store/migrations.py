@@ -15,7 +15,7 @@ from investigations.store import schema as s
 # TABLE ...), and the step that created the table then creates it from a frozen copy of the columns
 # it had then, so every database, new or old, goes through the same DDL.
 
-# `rate_lanes` as version 2 created it; version 4 adds its ceiling columns.
+# `rate_lanes` as version 2 created it; version 4 adds its ceiling columns, version 5 its recent sends.
 _RATE_LANES_V2 = Table(
     "rate_lanes",
     MetaData(),
@@ -46,6 +46,12 @@ def _add_lane_ceiling(conn: Connection, schema: str | None) -> None:
     conn.execute(text(f"ALTER TABLE {lanes} ADD COLUMN last_cut_s FLOAT NOT NULL DEFAULT 0"))
 
 
+def _add_lane_recent_sends(conn: Connection, schema: str | None) -> None:
+    # Existing lanes start with no sends remembered, as a new lane does: the guard starts from the next.
+    lanes = _qualified(conn, "rate_lanes", schema)
+    conn.execute(text(f"ALTER TABLE {lanes} ADD COLUMN recent_sends TEXT NOT NULL DEFAULT ''"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     1: lambda conn, _schema: s.metadata.create_all(
         conn, tables=[s.schema_version, s.cases, s.leads, s.case_leads, s.inbox, s.fetch_log, s.collections,
@@ -57,6 +63,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
                       s.identity_cookies]
     ),
     4: _add_lane_ceiling,
+    5: _add_lane_recent_sends,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

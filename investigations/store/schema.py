@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -170,6 +170,10 @@ rate_lanes = Table(
     # version 4: the remembered ceiling (see investigations.pacing.aimd)
     Column("ceiling_factor", Float, nullable=False, server_default="1"),  # factor last throttled at; 1 = none
     Column("last_cut_s", Float, nullable=False, server_default="0"),  # when it was last cut; 0 = never
+    # version 5: the rhythm guard's memory (see investigations.pacing.jitter): planned send times of
+    # a guarded lane's last requests, epoch seconds (Python float repr), comma separated, oldest
+    # first; '' = none yet
+    Column("recent_sends", Text, nullable=False, server_default=""),
 )
 
 circuits = Table(

@@ -44,7 +44,9 @@ def spec(*, rate_per_s: float = 2.0, burst: int = 1, attempts: int = 2, park_aft
     })
 
 
-def make_fetcher(store, time_: FakeTime, answers: list[httpx.Response]) -> tuple[Fetcher, RateLanes, list]:
+def make_fetcher(
+    store, time_: FakeTime, answers: list[httpx.Response], *, sampler: GapSampler | None = None
+) -> tuple[Fetcher, RateLanes, list]:
     sent: list[float] = []
     replies = iter(answers)
 
@@ -53,7 +55,8 @@ def make_fetcher(store, time_: FakeTime, answers: list[httpx.Response]) -> tuple
         return next(replies)
 
     # A nearly fixed gap makes the arithmetic exact; the jitter itself is tested in pacing/.
-    lanes = RateLanes(store, sampler=GapSampler(random.Random(1), sigma=1e-6, pause_probability=0.0), clock=time_.clock)
+    sampler = sampler or GapSampler(random.Random(1), sigma=1e-6, pause_probability=0.0)
+    lanes = RateLanes(store, sampler=sampler, clock=time_.clock)
     fetcher = Fetcher(sink=store, lanes=lanes, transport=httpx.MockTransport(handler), sleep=time_.sleep,
                       clock=time_.clock, now=lambda: datetime.fromtimestamp(time_.now_s, UTC), rng=random.Random(3))
     return fetcher, lanes, sent
@@ -64,7 +67,9 @@ REQUEST = PlannedRequest("GET", BASE + "/fragile/api/search?q=example.com", {})
 
 def test_requests_on_one_lane_are_spaced_by_the_permitted_rate(sqlite_store) -> None:
     time_ = FakeTime()
-    fetcher, _, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 5)
+    # The exact sampler: a nearly fixed gap is what the rhythm guard holds back (tested in pacing/).
+    exact = GapSampler(random.Random(1), sigma=0.0, pause_probability=0.0)
+    fetcher, _, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 5, sampler=exact)
     for _ in range(5):
         fetcher.fetch(spec(rate_per_s=2.0), REQUEST, lead_id="l1")
     gaps = [b - a for a, b in zip(sent, sent[1:])]

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import bisect
 import cmath
+import itertools
 import random
 import statistics
 
 import pytest
 
 from investigations.pacing import GapSampler, jittered_start_s
-from investigations.pacing.jitter import THINK_MEDIAN
+from investigations.pacing.jitter import (
+    RHYTHM_GAPS,
+    RHYTHM_MIN_CV,
+    RHYTHM_SHORT_GAPS,
+    RHYTHM_SHORT_MIN_CV,
+    THINK_MEDIAN,
+)
 
 DRAWS = 200_000
 INTERVAL_S = 0.5
@@ -111,3 +118,81 @@ def test_a_sampler_without_spread_or_pauses_adds_no_delay() -> None:
     exact = GapSampler(random.Random(13), sigma=0.0, pause_probability=0.0)
     assert {exact.send_delay_s(INTERVAL_S) for _ in range(100)} == {0.0}
     assert {exact.slot_units() for _ in range(100)} == {1.0}
+
+
+# -- rhythm guard ----------------------------------------------------------------------------------
+
+REGULAR = [float(k) for k in range(RHYTHM_GAPS)]  # sends 1 s apart; the next one at RHYTHM_GAPS ends a run
+
+
+def gap_cv(gaps: list[float]) -> float:
+    """As a site computes it: population stdev over mean."""
+    return statistics.pstdev(gaps) / statistics.fmean(gaps)
+
+
+def windows_meet_their_floors(history: list[float], send: float) -> bool:
+    """Every window of RHYTHM_SHORT_GAPS to RHYTHM_GAPS gaps ending at `send` has its floor's CV."""
+    times = [*sorted(history)[-RHYTHM_GAPS:], send]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return all(gap_cv(gaps[-n:]) >= (RHYTHM_MIN_CV if n == RHYTHM_GAPS else RHYTHM_SHORT_MIN_CV)
+               for n in range(RHYTHM_SHORT_GAPS, len(gaps) + 1))
+
+
+def test_a_send_that_would_end_a_regular_run_leaves_late_enough_to_break_it() -> None:
+    extra = GapSampler(random.Random(20)).rhythm_extra_s(REGULAR, RHYTHM_GAPS, 1.0)
+    assert extra > 0
+    assert not windows_meet_their_floors(REGULAR, RHYTHM_GAPS)
+    assert windows_meet_their_floors(REGULAR, RHYTHM_GAPS + extra)
+
+
+def test_the_guard_delays_at_most_one_interval_beyond_the_least_delay_that_breaks_the_run() -> None:
+    least = next(k * 1e-4 for k in range(100_000) if windows_meet_their_floors(REGULAR, RHYTHM_GAPS + k * 1e-4))
+    extras = [GapSampler(random.Random(seed)).rhythm_extra_s(REGULAR, RHYTHM_GAPS, 1.0) for seed in range(200)]
+    assert least - 1e-4 < min(extras) and max(extras) <= least + 1.0
+
+
+def test_the_guard_s_extra_is_not_a_fixed_amount() -> None:
+    extras = [GapSampler(random.Random(seed)).rhythm_extra_s(REGULAR, RHYTHM_GAPS, 1.0) for seed in range(20)]
+    assert len(set(extras)) >= 15  # a few may share the cap of one interval
+    assert max(extras) - min(extras) > 0.25
+
+
+def test_an_irregular_history_needs_no_extra() -> None:
+    history = list(itertools.accumulate([0.0, 1.0, 2.1, 0.6, 1.5, 3.0, 0.7, 1.2]))
+    assert GapSampler(random.Random(21)).rhythm_extra_s(history, history[-1] + 1.1, 1.0) == 0.0
+
+
+def test_a_history_too_short_for_the_shortest_window_needs_no_extra() -> None:
+    history = REGULAR[:RHYTHM_SHORT_GAPS - 1]
+    assert GapSampler(random.Random(22)).rhythm_extra_s(history, history[-1] + 1.0, 1.0) == 0.0
+
+
+def test_a_short_regular_run_is_broken_too_as_a_site_may_watch_fewer_gaps() -> None:
+    history = REGULAR[:RHYTHM_SHORT_GAPS]
+    extra = GapSampler(random.Random(23)).rhythm_extra_s(history, history[-1] + 1.0, 1.0)
+    assert extra > 0 and windows_meet_their_floors(history, history[-1] + 1.0 + extra)
+
+
+def test_the_exact_sampler_adds_no_rhythm_extra() -> None:
+    exact = GapSampler(random.Random(24), sigma=0.0, pause_probability=0.0)
+    assert exact.rhythm_extra_s(REGULAR, RHYTHM_GAPS, 1.0) == 0.0
+
+
+def test_whatever_the_history_the_guard_only_delays_and_every_window_meets_its_floor() -> None:
+    # Near-regular runs, some changing pace part-way (as a lane does when AIMD cuts its rate): the
+    # windows' bands of failing gaps then lie apart, and leaving one band can land in another's.
+    rng, sampler = random.Random(25), GapSampler(random.Random(26))
+    for _ in range(5_000):
+        spread = rng.choice([0.01, 0.05, 0.15, 0.3])
+        paces = [1.0] * rng.randint(1, RHYTHM_GAPS) + [rng.choice([1.0, 1.5, 2.0])] * RHYTHM_GAPS
+        gaps = [pace * rng.uniform(1 - spread, 1 + spread) for pace in paces[-RHYTHM_GAPS - 1:]]
+        history = list(itertools.accumulate(gaps[:-1]))
+        extra = sampler.rhythm_extra_s(history, history[-1] + gaps[-1], 1.0)
+        assert extra >= 0.0
+        assert windows_meet_their_floors(history, history[-1] + gaps[-1] + extra)
+
+
+def test_sends_planned_after_this_one_are_not_in_its_windows() -> None:
+    alone = GapSampler(random.Random(27)).rhythm_extra_s(REGULAR, RHYTHM_GAPS, 1.0)
+    with_later = GapSampler(random.Random(27)).rhythm_extra_s([*REGULAR, RHYTHM_GAPS + 5.0], RHYTHM_GAPS, 1.0)
+    assert with_later == alone > 0

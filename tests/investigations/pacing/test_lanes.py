@@ -8,11 +8,13 @@ numbers exact.
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
 from investigations.events import Outcome
 from investigations.pacing import GapSampler, LaneSpec, RateLanes, aimd, identity_lane, source_lane
+from investigations.pacing.jitter import RHYTHM_GAPS, RHYTHM_MIN_CV, RHYTHM_SENDS_KEPT
 from investigations.specs import SourceSpec, ThrottleSpec
 from investigations.store import StateStore
 
@@ -263,4 +265,95 @@ def test_source_and_identity_lanes_take_their_names_and_limits_from_the_spec() -
         "rate": {"source_per_s": 4.0, "source_burst": 3, "identity_per_s": 0.5, "identity_burst": 2},
     })
     assert source_lane(spec) == LaneSpec("source:demo", 4.0, 3)
-    assert identity_lane(spec, "proxy-7") == LaneSpec("identity:demo:proxy-7", 0.5, 2)
+    assert identity_lane(spec, "proxy-7") == LaneSpec("identity:demo:proxy-7", 0.5, 2, guard_rhythm=True)
+
+
+# -- rhythm guard ----------------------------------------------------------------------------------
+
+GUARDED = LaneSpec("identity:s:a", rate_per_s=1.0, burst=1, guard_rhythm=True)
+UNGUARDED = LaneSpec("identity:s:a", rate_per_s=1.0, burst=1)
+
+
+def near_regular(seed: int) -> GapSampler:
+    """Send delays all but fixed and no pauses: the sends follow the slots, whose slack varies little."""
+    return GapSampler(random.Random(seed), sigma=0.001, pause_probability=0.0)
+
+
+def planned_sends(lanes: list[RateLanes], lane: LaneSpec, clock: FakeClock, n: int) -> list[float]:
+    """`n` sends of one lane taking turns between `lanes`, each asked for as the previous one leaves."""
+    sends = []
+    for i in range(n):
+        reservation = lanes[i % len(lanes)].reserve([lane], max_wait_s=60.0)
+        assert reservation.granted
+        clock.now += reservation.wait_s
+        sends.append(clock.now)
+    return sends
+
+
+def lowest_window_cv(sends: list[float]) -> float:
+    gaps = [b - a for a, b in zip(sends, sends[1:])]
+    windows = [gaps[i:i + RHYTHM_GAPS] for i in range(len(gaps) - RHYTHM_GAPS + 1)]
+    return min(statistics.pstdev(window) / statistics.fmean(window) for window in windows)
+
+
+def test_without_the_guard_a_near_regular_sampler_s_sends_fall_below_the_floor(
+    store: StateStore, clock: FakeClock
+) -> None:
+    sends = planned_sends([RateLanes(store, sampler=near_regular(30), clock=clock)], UNGUARDED, clock, 60)
+    assert lowest_window_cv(sends) < RHYTHM_MIN_CV / 2
+
+
+def test_the_guard_keeps_every_window_of_a_near_regular_sampler_s_sends_above_the_floor(
+    store: StateStore, clock: FakeClock
+) -> None:
+    sends = planned_sends([RateLanes(store, sampler=near_regular(30), clock=clock)], GUARDED, clock, 60)
+    assert lowest_window_cv(sends) >= RHYTHM_MIN_CV - 1e-9
+
+
+def test_the_guard_sees_what_other_processes_sent_on_the_lane(store: StateStore, clock: FakeClock) -> None:
+    two = [RateLanes(store, sampler=near_regular(31), clock=clock), RateLanes(store, sampler=near_regular(32), clock=clock)]
+    sends = planned_sends(two, GUARDED, clock, 60)
+    assert lowest_window_cv(sends) >= RHYTHM_MIN_CV - 1e-9
+
+
+def test_a_guarded_lane_remembers_its_last_planned_sends_and_an_unguarded_one_none(
+    store: StateStore, clock: FakeClock
+) -> None:
+    lanes = RateLanes(store, sampler=near_regular(33), clock=clock)
+    source = LaneSpec("source:s", rate_per_s=2.0, burst=1)
+    sends = []
+    for _ in range(RHYTHM_SENDS_KEPT + 3):
+        reservation = lanes.reserve([source, GUARDED], max_wait_s=60.0)
+        clock.now += reservation.wait_s
+        sends.append(clock.now)
+    guarded, unguarded = lanes.state(GUARDED.name), lanes.state(source.name)
+    assert guarded is not None and unguarded is not None
+    assert guarded.recent_sends_s == pytest.approx(sends[-RHYTHM_SENDS_KEPT:], abs=1e-9)
+    assert unguarded.recent_sends_s == ()
+
+
+def test_a_refused_reservation_leaves_the_remembered_sends_as_they_were(store: StateStore, clock: FakeClock) -> None:
+    lanes = RateLanes(store, sampler=near_regular(34), clock=clock)
+    planned_sends([lanes], GUARDED, clock, RHYTHM_GAPS)
+    before = lanes.state(GUARDED.name)
+    assert before is not None and len(before.recent_sends_s) == RHYTHM_GAPS
+
+    assert not lanes.reserve([GUARDED], max_wait_s=0.0).granted  # its slot is still ahead
+
+    assert lanes.state(GUARDED.name) == before
+
+
+def test_a_send_the_guard_delays_pushes_the_lane_s_next_slot_back_with_it(store: StateStore, clock: FakeClock) -> None:
+    lanes = RateLanes(store, sampler=near_regular(35), clock=clock)
+    for _ in range(60):
+        asked_at = clock.now
+        guarded = lanes.reserve([GUARDED], max_wait_s=60.0)
+        if guarded.rhythm_extra_s > 0:
+            break
+        clock.now += guarded.wait_s
+    else:
+        pytest.fail("the guard never fired")
+    leaves_at = asked_at + guarded.wait_s - guarded.delay_s + guarded.rhythm_extra_s  # slot + the guard's extra
+    after = lanes.reserve([GUARDED], max_wait_s=60.0)  # asked for at once, by another worker on the lane
+    next_slot = asked_at + after.wait_s - after.delay_s
+    assert next_slot >= leaves_at + 1.0 / GUARDED.rate_per_s - 1e-9

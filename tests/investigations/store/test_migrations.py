@@ -21,6 +21,9 @@ from investigations.store.migrations import migrate
 FRAGILE = LaneSpec("source:fragile", rate_per_s=1.0, burst=1)
 V3_LANE = {"lane": FRAGILE.name, "tat_s": 1_000.5, "not_before_s": 1_003.0, "rate_factor": 0.25,
            "updated_at_s": 1_000.0}
+VISITOR = LaneSpec("identity:fragile:a", rate_per_s=1.0, burst=1, guard_rhythm=True)
+V4_LANE = {"lane": VISITOR.name, "tat_s": 1_000.5, "not_before_s": 0.0, "rate_factor": 0.5, "updated_at_s": 1_000.0,
+           "ceiling_factor": 0.8, "last_cut_s": 990.0}
 
 
 @pytest.fixture
@@ -38,6 +41,16 @@ def v3_database(engine: Engine, database: tuple[str, str | None]) -> Engine:
     assert migrate(engine, schema=schema, version=3) == 3
     with engine.begin() as conn:
         conn.execute(s.rate_lanes.insert().values(V3_LANE))
+    return engine
+
+
+@pytest.fixture
+def v4_database(engine: Engine, database: tuple[str, str | None]) -> Engine:
+    """A database left at version 4, with one identity lane written as version 4 code wrote it."""
+    _, schema = database
+    assert migrate(engine, schema=schema, version=4) == 4
+    with engine.begin() as conn:
+        conn.execute(s.rate_lanes.insert().values(V4_LANE))
     return engine
 
 
@@ -60,8 +73,8 @@ def test_a_version_3_database_migrates_to_the_current_version_keeping_its_lanes(
     v3_database: Engine, database: tuple[str, str | None]
 ) -> None:
     store = StateStore(v3_database, schema=database[1])
-    assert store.schema_version == s.SCHEMA_VERSION == 4
-    assert versions(v3_database) == [1, 2, 3, 4]
+    assert store.schema_version == s.SCHEMA_VERSION == 5
+    assert versions(v3_database) == [1, 2, 3, 4, 5]
     assert lane_columns(v3_database, database[1]) == [(c.name, c.nullable) for c in s.rate_lanes.columns]
     state = RateLanes(store, sampler=GapSampler(random.Random(0))).state(V3_LANE["lane"])
     assert state is not None
@@ -80,6 +93,32 @@ def test_a_migrated_lane_follows_the_ceiling_rules(v3_database: Engine, database
     assert state.aimd_state == aimd.on_throttle(aimd.AimdState(rate_factor=0.25), 2_000.0, throttle)
 
 
+def test_version_4_lanes_have_no_recent_sends_column(v4_database: Engine, database: tuple[str, str | None]) -> None:
+    assert [name for name, _ in lane_columns(v4_database, database[1])] == [
+        "lane", "tat_s", "not_before_s", "rate_factor", "updated_at_s", "ceiling_factor", "last_cut_s"]
+
+
+def test_a_version_4_database_migrates_to_the_current_version_keeping_its_lanes(
+    v4_database: Engine, database: tuple[str, str | None]
+) -> None:
+    store = StateStore(v4_database, schema=database[1])
+    assert store.schema_version == s.SCHEMA_VERSION == 5
+    assert versions(v4_database) == [1, 2, 3, 4, 5]
+    assert lane_columns(v4_database, database[1]) == [(c.name, c.nullable) for c in s.rate_lanes.columns]
+    state = RateLanes(store, sampler=GapSampler(random.Random(0))).state(V4_LANE["lane"])
+    assert state is not None
+    assert {k: getattr(state, k) for k in V4_LANE} == V4_LANE
+    assert state.recent_sends_s == ()  # no sends remembered, as for a new lane
+
+
+def test_a_migrated_identity_lane_remembers_its_sends(v4_database: Engine, database: tuple[str, str | None]) -> None:
+    store = StateStore(v4_database, schema=database[1])
+    lanes = RateLanes(store, sampler=GapSampler(random.Random(0)), clock=lambda: 2_000.0)
+    reservation = lanes.reserve([VISITOR], max_wait_s=60.0)
+    state = lanes.state(VISITOR.name)
+    assert state is not None and state.recent_sends_s == (2_000.0 + reservation.wait_s,)
+
+
 def test_a_new_database_has_the_declared_lane_columns_like_a_migrated_one(
     engine: Engine, database: tuple[str, str | None]
 ) -> None:
@@ -91,6 +130,6 @@ def test_a_new_database_has_the_declared_lane_columns_like_a_migrated_one(
 
 
 def test_migrating_to_an_unknown_version_is_refused(engine: Engine, database: tuple[str, str | None]) -> None:
-    with pytest.raises(ValueError, match="no schema version 5"):
+    with pytest.raises(ValueError, match=f"no schema version {s.SCHEMA_VERSION + 1}"):
         migrate(engine, schema=database[1], version=s.SCHEMA_VERSION + 1)
 
