@@ -397,6 +397,10 @@ class Fetcher:
                 return
             if self._clock() + reservation.wait_s >= give_up_at:
                 raise FetchParked(reservation.wait_s, None, 0, f"rate lane full for {reservation.wait_s:.0f} s")
+            if reservation.rhythm_extra_s > 0:
+                # The rhythm guard set the identity's lane a floor: nothing opens before it.
+                self._sleep(reservation.wait_s)
+                continue
             # Nothing was reserved: wait part of the way and ask again, so a lane that speeds up
             # (AIMD recovering) is used as soon as it does.
             self._sleep(min(reservation.wait_s, self._max_lane_wait_s) / 2)

@@ -13,8 +13,9 @@ Two draws shape a lane's traffic:
   waited behind others thinks a while (on the scale of its own period) before asking again.
 - rhythm guard: the draws make an address's gaps irregular on average, but now and then a run of
   them comes out regular enough for a site to ban the address. An identity's request that would
-  close such a run leaves just late enough (and a little more, at random) to break it: a floor on
-  the gaps' coefficient of variation instead of luck. It only ever delays, so no limit is crossed.
+  close such a run waits until just late enough (and a little more, at random) to break it: a
+  floor on the gaps' coefficient of variation instead of luck. It only ever delays, so no limit is
+  crossed.
 """
 
 from __future__ import annotations

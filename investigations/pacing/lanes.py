@@ -8,9 +8,11 @@ latest of those slots: the database, not any one process, decides who goes when.
 
 - rhythm guard: an identity lane is what one visitor looks like to a site, and a site bans an
   address whose recent gaps are too regular. Such a lane also keeps the planned times of its last
-  sends, in the same row so that every process sees what the others sent; a request whose gaps
-  would come out too regular leaves later (see GapSampler.rhythm_extra_s), and its lanes' next
-  slots move with it, so the guard never lets more through than the limit.
+  sends, in the same row so that every process sees what the others sent. A request whose gaps
+  would come out too regular is not granted: nothing is reserved, and the identity's lane gets a
+  floor (like a Retry-After) at the first moment that breaks the rhythm (see
+  GapSampler.rhythm_extra_s). Holding the send instead would keep its slot on the shared source
+  lane, and every other identity waiting behind it.
 """
 
 from __future__ import annotations
@@ -72,12 +74,14 @@ class Reservation:
 
     granted: bool
     wait_s: float
-    delay_s: float = 0.0  # the part of wait_s that is jitter after the slot opened (rhythm guard included)
+    delay_s: float = 0.0  # the part of wait_s that is jitter after the slot opened
     # The lane whose slot the request waited for (None: it went at once), and that wait in the
     # lane's intervals: more than one means other requests were ahead in that lane's queue.
     held_by: str | None = None
     held_intervals: float = 0.0
-    rhythm_extra_s: float = 0.0  # the part of delay_s the rhythm guard added: > 0 when it fired
+    # > 0: refused by the rhythm guard, which would have had the send leave this much later; the
+    # identity's lane opens again in wait_s (a floor on the lane), and asking before then is no use.
+    rhythm_extra_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -127,10 +131,11 @@ class RateLanes:
         TAT moves to start + interval x (1 + a small heavy-tailed slack): slots are never closer than
         GCRA allows, so they never exceed what a strict limiter allows, and their phase wanders. The
         request then leaves a heavy-tailed delay after its slot opens (see jitter), which is what
-        makes the sends irregular, and on a guarded lane later still if its last gaps would come out
-        too regular (the rhythm guard). When the wait exceeds `max_wait_s` nothing is reserved
-        (rolled back, remembered sends included) and `granted` is False, so the caller can park the
-        work instead of holding a worker asleep.
+        makes the sends irregular. When the wait exceeds `max_wait_s` nothing is reserved (rolled
+        back) and `granted` is False, so the caller can park the work instead of holding a worker
+        asleep. When the rhythm guard finds the planned send would close too regular a run of gaps
+        on a guarded lane, nothing is reserved either; the lane's floor moves to the first moment
+        that breaks the run, and `rhythm_extra_s` says so: ask again after `wait_s`.
         """
         ordered = _unique_sorted(lanes)
         if not ordered:
@@ -145,30 +150,38 @@ class RateLanes:
             scale = max(slot.interval_s for slot in slots)
             delay = self._sampler.send_delay_s(scale)
             planned = send_at + delay
-            # The guard judges the send as it is planned, jitter included; its own extra is drawn at
-            # the delay's scale. The strictest guarded lane decides: one send serves them all.
+            wait = planned - now
+            # The guard judges the send as planned, jitter included; the strictest guarded lane decides.
             guard = self._sampler.rhythm_extra_s
             extra = max((guard(slot.recent_sends_s, planned, scale) for slot in slots if slot.lane.guard_rhythm),
                         default=0.0)
-            wait = send_at - now + delay + extra
-            if wait > max_wait_s:
+            if extra > 0 or wait > max_wait_s:
                 tx.rollback()
-                return Reservation(granted=False, wait_s=wait)
-            for slot in slots:
-                changes: dict[str, Any] = {}
-                # A lane held back by a slower one (or by the rhythm guard) sees the request when it
-                # really leaves (GCRA arrival time), else its next slot would fall right on top of
-                # this send.
-                if send_at + extra > slot.start_s:
-                    changes["tat_s"] = send_at + extra + slot.gap_s
-                if slot.lane.guard_rhythm:
-                    changes["recent_sends"] = _sends_text([*slot.recent_sends_s, planned + extra])
-                if changes:
-                    conn.execute(update(_T).where(_T.c.lane == slot.lane.name).values(changes))
+            else:
+                for slot in slots:
+                    changes: dict[str, Any] = {}
+                    # A lane held back by a slower one sees the request when it really leaves (GCRA
+                    # arrival time), else its next slot would fall right on top of this send.
+                    if send_at > slot.start_s:
+                        changes["tat_s"] = send_at + slot.gap_s
+                    if slot.lane.guard_rhythm:
+                        changes["recent_sends"] = _sends_text([*slot.recent_sends_s, planned])
+                    if changes:
+                        conn.execute(update(_T).where(_T.c.lane == slot.lane.name).values(changes))
+        if extra > 0:
+            resume_at = planned + extra
+            guarded = [slot.lane.name for slot in slots if slot.lane.guard_rhythm]
+            with self._store.engine.begin() as conn:
+                greatest, _ = _max_min(conn)
+                conn.execute(update(_T).where(_T.c.lane.in_(guarded))
+                             .values(not_before_s=greatest(_T.c.not_before_s, resume_at)))
+            return Reservation(granted=False, wait_s=resume_at - now, rhythm_extra_s=extra)
+        if wait > max_wait_s:
+            return Reservation(granted=False, wait_s=wait)
         if send_at <= now:
-            return Reservation(granted=True, wait_s=wait, delay_s=delay + extra, rhythm_extra_s=extra)
-        return Reservation(granted=True, wait_s=wait, delay_s=delay + extra, held_by=binding.lane.name,
-                           held_intervals=(send_at - now) / binding.interval_s, rhythm_extra_s=extra)
+            return Reservation(granted=True, wait_s=wait, delay_s=delay)
+        return Reservation(granted=True, wait_s=wait, delay_s=delay, held_by=binding.lane.name,
+                           held_intervals=(send_at - now) / binding.interval_s)
 
     def think_s(self, period_s: float) -> float:
         """A think time for an identity that takes turns on a shared lane (see GapSampler.think_s)."""

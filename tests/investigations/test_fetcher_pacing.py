@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 from datetime import UTC, datetime
 
 import httpx
@@ -11,7 +12,13 @@ import pytest
 from investigations.adapters import PlannedRequest
 from investigations.fetcher import Fetcher, FetchFailed, FetchParked
 from investigations.pacing import GapSampler, RateLanes, source_lane
-from investigations.pacing.jitter import THINK_MEDIAN
+from investigations.pacing.jitter import (
+    RHYTHM_GAPS,
+    RHYTHM_MIN_CV,
+    RHYTHM_SHORT_GAPS,
+    RHYTHM_SHORT_MIN_CV,
+    THINK_MEDIAN,
+)
 from investigations.specs import SourceSpec
 
 BASE = "http://127.0.0.1:8800"
@@ -116,7 +123,10 @@ def test_503_still_spends_attempts(sqlite_store) -> None:
 
 def test_an_identity_alone_on_a_busy_source_never_thinks_between_its_sends(sqlite_store) -> None:
     time_ = FakeTime()
-    fetcher, _, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 6)
+    # The exact sampler: no rhythm guard either, so every sleep is a lane wait or a think (of 0 s).
+    exact = GapSampler(random.Random(1), sigma=0.0, pause_probability=0.0)
+    fetcher, _, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 6,
+                                    sampler=exact)
     for _ in range(6):
         fetcher.fetch(spec(rate_per_s=2.0), REQUEST, lead_id="l1")
     assert len(time_.slept) == 6  # one lane wait per request, no think time: it waited for itself only
@@ -136,3 +146,15 @@ def test_an_identity_that_waited_behind_others_thinks_on_the_scale_of_its_period
     think = time_.slept[before]
     assert len(time_.slept) == before + 2  # a think, then the lane wait
     assert think == pytest.approx(THINK_MEDIAN * period, rel=0.01)
+
+
+def test_an_identity_s_sends_never_close_too_regular_a_run_of_gaps(sqlite_store) -> None:
+    time_ = FakeTime()
+    # The default sampler here is near-regular: without the rhythm guard every gap would be equal.
+    fetcher, _, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 24)
+    for _ in range(24):
+        fetcher.fetch(spec(rate_per_s=2.0), REQUEST, lead_id="l1")
+    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    for n, floor in ((RHYTHM_GAPS, RHYTHM_MIN_CV), (RHYTHM_SHORT_GAPS, RHYTHM_SHORT_MIN_CV)):
+        windows = [gaps[i:i + n] for i in range(len(gaps) - n + 1)]
+        assert min(statistics.pstdev(w) / statistics.fmean(w) for w in windows) >= floor - 1e-9

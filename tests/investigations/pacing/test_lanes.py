@@ -280,11 +280,13 @@ def near_regular(seed: int) -> GapSampler:
 
 
 def planned_sends(lanes: list[RateLanes], lane: LaneSpec, clock: FakeClock, n: int) -> list[float]:
-    """`n` sends of one lane taking turns between `lanes`, each asked for as the previous one leaves."""
+    """`n` sends of one lane taking turns between `lanes`, each asked for as the previous one leaves;
+    a reservation the guard refuses is asked for again when its floor opens, as the fetcher does."""
     sends = []
     for i in range(n):
-        reservation = lanes[i % len(lanes)].reserve([lane], max_wait_s=60.0)
-        assert reservation.granted
+        while not (reservation := lanes[i % len(lanes)].reserve([lane], max_wait_s=60.0)).granted:
+            assert reservation.rhythm_extra_s > 0
+            clock.now += reservation.wait_s
         clock.now += reservation.wait_s
         sends.append(clock.now)
     return sends
@@ -323,7 +325,8 @@ def test_a_guarded_lane_remembers_its_last_planned_sends_and_an_unguarded_one_no
     source = LaneSpec("source:s", rate_per_s=2.0, burst=1)
     sends = []
     for _ in range(RHYTHM_SENDS_KEPT + 3):
-        reservation = lanes.reserve([source, GUARDED], max_wait_s=60.0)
+        while not (reservation := lanes.reserve([source, GUARDED], max_wait_s=60.0)).granted:
+            clock.now += reservation.wait_s
         clock.now += reservation.wait_s
         sends.append(clock.now)
     guarded, unguarded = lanes.state(GUARDED.name), lanes.state(source.name)
@@ -340,20 +343,45 @@ def test_a_refused_reservation_leaves_the_remembered_sends_as_they_were(store: S
 
     assert not lanes.reserve([GUARDED], max_wait_s=0.0).granted  # its slot is still ahead
 
-    assert lanes.state(GUARDED.name) == before
+    after = lanes.state(GUARDED.name)
+    assert after is not None and (after.recent_sends_s, after.tat_s) == (before.recent_sends_s, before.tat_s)
 
 
-def test_a_send_the_guard_delays_pushes_the_lane_s_next_slot_back_with_it(store: StateStore, clock: FakeClock) -> None:
-    lanes = RateLanes(store, sampler=near_regular(35), clock=clock)
+def guard_fires(lanes: RateLanes, lane_list: list[LaneSpec], clock: FakeClock):
+    """Send on `lane_list` until the guard refuses a reservation; return it and the lanes' states before it."""
     for _ in range(60):
-        asked_at = clock.now
-        guarded = lanes.reserve([GUARDED], max_wait_s=60.0)
-        if guarded.rhythm_extra_s > 0:
-            break
-        clock.now += guarded.wait_s
-    else:
-        pytest.fail("the guard never fired")
-    leaves_at = asked_at + guarded.wait_s - guarded.delay_s + guarded.rhythm_extra_s  # slot + the guard's extra
-    after = lanes.reserve([GUARDED], max_wait_s=60.0)  # asked for at once, by another worker on the lane
-    next_slot = asked_at + after.wait_s - after.delay_s
-    assert next_slot >= leaves_at + 1.0 / GUARDED.rate_per_s - 1e-9
+        before = {lane.name: lanes.state(lane.name) for lane in lane_list}
+        reservation = lanes.reserve(lane_list, max_wait_s=60.0)
+        if not reservation.granted:
+            assert reservation.rhythm_extra_s > 0
+            return reservation, before
+        clock.now += reservation.wait_s
+    pytest.fail("the guard never fired")
+
+
+def test_a_send_the_guard_refuses_reserves_nothing_and_keeps_the_shared_lane_s_slot_free(
+    store: StateStore, clock: FakeClock
+) -> None:
+    lanes = RateLanes(store, sampler=near_regular(35), clock=clock)
+    source = LaneSpec("source:s", rate_per_s=50.0, burst=1)
+    refused, before = guard_fires(lanes, [source, GUARDED], clock)
+    source_state = lanes.state(source.name)
+    assert source_state is not None and source_state.tat_s == before[source.name].tat_s
+    # Another identity on the source goes at once instead of waiting behind the held one.
+    other = LaneSpec("identity:s:b", rate_per_s=1.0, burst=1, guard_rhythm=True)
+    granted = lanes.reserve([source, other], max_wait_s=60.0)
+    assert granted.wait_s - granted.delay_s <= 1.0 / source.rate_per_s + 1e-9  # its slot, before its own jitter
+    assert refused.wait_s > 0
+
+
+def test_a_refused_send_floors_the_identity_s_lane_until_its_rhythm_breaks(store: StateStore, clock: FakeClock) -> None:
+    lanes = RateLanes(store, sampler=near_regular(36), clock=clock)
+    refused, before = guard_fires(lanes, [GUARDED], clock)
+    resume_at = clock.now + refused.wait_s
+    state = lanes.state(GUARDED.name)
+    assert state is not None and state.not_before_s == pytest.approx(resume_at)
+    assert state.recent_sends_s == before[GUARDED.name].recent_sends_s  # nothing was sent
+    early = lanes.reserve([GUARDED], max_wait_s=60.0)  # asking again before the floor is no use
+    assert not early.granted or clock.now + early.wait_s >= resume_at - 1e-9
+    clock.now = resume_at
+    assert lanes.reserve([GUARDED], max_wait_s=60.0).granted
