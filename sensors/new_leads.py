@@ -9,6 +9,15 @@ A tick with nothing to do waits for the inbox instead of returning at once: the 
 sensor's tick at most once per loop (5 s), so a lead arriving just after an empty tick would wait
 up to 5 s for the next one. Waiting inside the tick, and returning as soon as a lead arrives, turns
 that into the poll interval.
+
+A tick hands its runs over only when it returns, so one waiting sensor picks up one arrival per
+loop at once and the next lead waits for the next loop. Several sensors therefore take turns at the
+inbox (`PICKUP_TURNS`): each wakes for the inbox rows of its turn (row id modulo the turns), so
+consecutive leads wake different sensors. `new_leads` (turn 0) also hands over background work and
+keeps the pool limits; a relay (`new_leads_relay1`, ...) hands over interactive work only, so the
+background bound is counted in one place. Two sensors that wake for the same lead (one webhook's
+leads are consecutive rows) are safe: ingest is idempotent and dispatch claims each collection in
+one transaction; the one that finds nothing left keeps waiting.
 """
 
 import hashlib
@@ -16,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from functools import cache
+from typing import Any
 
 from dagster import (
     DagsterInstance,
@@ -53,6 +63,8 @@ INTERVAL_S = 1
 # still running then is skipped, and the next one would start only 10 s after this one.
 WAIT_FOR_LEADS_S = 3.5
 INBOX_POLL_S = 0.2
+# Sensors taking turns at the inbox: up to this many leads per loop are picked up within the poll.
+PICKUP_TURNS = 2
 # Background runs collect a batch of leads sized to about this much work at the source's rate.
 BATCH_SECONDS = 90
 # A run in these states holds, or will hold, a slot of its source's pool.
@@ -201,9 +213,11 @@ def dispatch(
     now: datetime | None = None,
     partition_order: Callable[[], Mapping[str, int]] = dict,
     background_runs: Callable[[str], int] = lambda _source: 0,
+    background: bool = True,
 ) -> tuple[list[RunRequest], list[str]]:
     """Hand each source's ready collections to Dagster within its backpressure bound and circuit;
-    `background_runs(source)` counts the source's background runs not finished yet."""
+    `background_runs(source)` counts the source's background runs not finished yet. With
+    `background` False only interactive work is handed over (a relay's dispatch)."""
     now = now or utcnow()
     store.release_stale_dispatches(older_than=now - STALE_DISPATCH)
     depths = store.queue_depths(now=now)
@@ -211,7 +225,7 @@ def dispatch(
     reasons: list[str] = []
     for spec in catalog.sources:
         depth = depths.get(spec.name)
-        if not depth or not depth["ready"]:
+        if not depth or not (depth["ready"] if background else depth["ready_interactive"]):
             continue
         allowed = None
         if circuits is not None:
@@ -222,13 +236,15 @@ def dispatch(
                 continue
         if allowed is not None:  # a probe: one collection at a time, whatever its class
             limit = min(allowed - depth["dispatched"], 1, max_runs - len(requests))
-            requests.extend(run_requests_for(spec, store.dispatch(spec.name, limit=limit, now=now), partition_order))
+            probe = store.dispatch(spec.name, limit=limit, now=now,
+                                   classes=None if background else [PriorityClass.INTERACTIVE.value])
+            requests.extend(run_requests_for(spec, probe, partition_order))
             continue
         # Interactive work and background work are bounded apart, so a full background backlog
         # never holds a fresh lead back.
         interactive_room = spec.max_in_flight - depth["dispatched_interactive"]
         background_in_flight = depth["dispatched"] - depth["dispatched_interactive"]
-        background_ready = depth["ready"] - depth["ready_interactive"]
+        background_ready = depth["ready"] - depth["ready_interactive"] if background else 0
         runs_in_flight = background_runs(spec.name) if background_ready else 0
         background_room = background_take(spec, in_flight=background_in_flight, ready=background_ready,
                                           runs_in_flight=runs_in_flight)
@@ -241,17 +257,17 @@ def dispatch(
             )
         runs_left = max_runs - len(requests) - len(rows)
         background_room = min(background_room, runs_left * batch_size(spec))
-        background: list[QueuedCollection] = []
-        if background_room > 0:
-            background = store.dispatch(spec.name, limit=background_room, now=now,
+        handed: list[QueuedCollection] = []
+        if background_ready and background_room > 0:
+            handed = store.dispatch(spec.name, limit=background_room, now=now,
                                         classes=[PriorityClass.RECURRING.value, PriorityClass.BACKFILL.value])
-        if background_ready > len(background):
+        if background_ready > len(handed):
             reasons.append(
-                f"{spec.name}: {background_in_flight + len(background)} background collections in flight in "
-                f"{runs_in_flight} run(s) and {len(background)} more handed over (at most {spec.concurrency} "
-                f"batch(es) of {batch_size(spec)}); {background_ready - len(background)} wait in the backlog"
+                f"{spec.name}: {background_in_flight + len(handed)} background collections in flight in "
+                f"{runs_in_flight} run(s) and {len(handed)} more handed over (at most {spec.concurrency} "
+                f"batch(es) of {batch_size(spec)}); {background_ready - len(handed)} wait in the backlog"
             )
-        requests.extend(run_requests_for(spec, rows + background, partition_order))
+        requests.extend(run_requests_for(spec, rows + handed, partition_order))
     return requests, reasons
 
 
@@ -276,52 +292,82 @@ def background_runs_of(instance: DagsterInstance) -> Callable[[str], int]:
     return count
 
 
+def sensor_name(turn: int) -> str:
+    """The name of the sensor taking `turn` at the inbox: `new_leads`, then its relays."""
+    return NEW_LEAD_SENSOR if turn == 0 else f"{NEW_LEAD_SENSOR}_relay{turn}"
+
+
+def build_new_lead_sensors(catalog: SourceCatalog, jobs: list[SourceJob], *, turns: int = PICKUP_TURNS,
+                           **options: Any) -> list[SensorDefinition]:
+    """`new_leads` and its relays, one sensor per turn at the inbox."""
+    return [build_new_lead_sensor(catalog, jobs, turn=turn, turns=turns, **options) for turn in range(turns)]
+
+
 def build_new_lead_sensor(
     catalog: SourceCatalog,
     jobs: list[SourceJob],
     *,
+    turn: int = 0,
+    turns: int = 1,
     wait_for_leads_s: float = WAIT_FOR_LEADS_S,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> SensorDefinition:
-    """The new-lead sensor; `wait_for_leads_s` is how long a tick with nothing to do waits for the
-    inbox (0: return at once), `clock` and `sleep` time that wait."""
+    """The sensor taking `turn` of `turns` at the inbox (turn 0: `new_leads`, which also hands over
+    background work); `wait_for_leads_s` is how long a tick with nothing to do waits for the inbox
+    (0: return at once), `clock` and `sleep` time that wait."""
+    primary = turn == 0
+    if primary:
+        description = (
+            "Queues leads accepted by the webhook intake (one collection per wanted source) and hands each "
+            "source's backlog to Dagster within its max_in_flight, interactive work first. A tick with nothing "
+            f"to do waits up to {wait_for_leads_s:g} s for a lead of its turn, so a fresh lead is picked up "
+            "within the inbox poll, not the daemon's 5 s sensor loop."
+        )
+    else:
+        description = (
+            f"Relay of {NEW_LEAD_SENSOR}: waits up to {wait_for_leads_s:g} s per tick for the inbox rows of "
+            f"turn {turn} of {turns} and hands their interactive collections to Dagster, so a second lead in "
+            "one sensor loop is not left for the next loop. Stopping it only delays such leads to the next loop."
+        )
 
-    @sensor(
-        name=NEW_LEAD_SENSOR,
-        jobs=jobs,
-        minimum_interval_seconds=INTERVAL_S,
-        default_status=DefaultSensorStatus.RUNNING,
-        description="Queues leads accepted by the webhook intake (one collection per wanted source) and "
-        "hands each source's backlog to Dagster within its max_in_flight, interactive work first. A tick "
-        f"with nothing to do waits up to {wait_for_leads_s:g} s for a lead, so a fresh lead is picked up "
-        "within the inbox poll, not the daemon's 5 s sensor loop.",
-    )
+    @sensor(name=sensor_name(turn), jobs=jobs, minimum_interval_seconds=INTERVAL_S,
+            default_status=DefaultSensorStatus.RUNNING, description=description)
     def new_leads(context: SensorEvaluationContext, fleet: FleetResource) -> SensorResult | SkipReason:
         store = fleet.store
         deadline = clock() + wait_for_leads_s
-        sync_pool_limits(context.instance, catalog)
-        cursor = int(context.cursor or 0)
+        if primary:
+            sync_pool_limits(context.instance, catalog)
+            cursor = int(context.cursor or 0)
+        else:  # a relay starting afresh leaves the inbox already there to new_leads
+            cursor = int(context.cursor) if context.cursor else store.last_inbox_id()
+        read = queued = 0
         while True:
             items = store.inbox_after(cursor, limit=MAX_INBOX_ROWS_PER_TICK)
-            queued, notes = ingest(store, items, catalog)
+            added, notes = ingest(store, items, catalog)
+            read, queued = read + len(items), queued + added
+            cursor = items[-1].id if items else cursor
             for note in notes:
                 context.log.warning(note)
             run_requests, reasons = dispatch(store, catalog, max_runs=MAX_RUNS_PER_TICK, circuits=Circuits(store),
                                              partition_order=partition_order_of(context.instance),
-                                             background_runs=background_runs_of(context.instance))
-            if items or run_requests or not _wait_for_inbox(store, cursor, deadline, clock=clock, sleep=sleep):
+                                             background_runs=background_runs_of(context.instance),
+                                             background=primary)
+            # Nothing to hand over (another sensor took it, say): wait on, unless the inbox has more.
+            if run_requests or len(items) == MAX_INBOX_ROWS_PER_TICK:
+                break
+            if not _wait_for_inbox(store, cursor, deadline, turn=turn, turns=turns, clock=clock, sleep=sleep):
                 break
         for reason in reasons:
             context.log.info(f"backpressure: {reason}")
-        new_cursor = str(items[-1].id) if items else context.cursor
+        new_cursor = str(cursor)
         if not run_requests:
             why = "; ".join(reasons) or "nothing ready in the backlog"
-            return SensorResult(skip_reason=f"{len(items)} inbox row(s) read, no run requested: {why}",
+            return SensorResult(skip_reason=f"{read} inbox row(s) read, no run requested: {why}",
                                 cursor=new_cursor)
         # Batch runs name leads that are partitions already; single runs may bring a new lead.
         leads = sorted({request.partition_key for request in run_requests if request.partition_key})
-        context.log.info(f"{len(items)} inbox row(s), {queued} queued, {len(run_requests)} run(s) requested")
+        context.log.info(f"{read} inbox row(s), {queued} queued, {len(run_requests)} run(s) requested")
         return SensorResult(
             run_requests=run_requests,
             dynamic_partitions_requests=[leads_partitions.build_add_request(leads)] if leads else None,
@@ -331,12 +377,18 @@ def build_new_lead_sensor(
     return new_leads
 
 
+def has_turn(cursor: int, last: int, *, turn: int, turns: int) -> bool:
+    """Whether the inbox rows after `cursor` up to `last` include one of `turn` (row id modulo `turns`)."""
+    return any(row % turns == turn for row in range(cursor + 1, min(last, cursor + turns) + 1))
+
+
 def _wait_for_inbox(
-    store: StateStore, cursor: int, deadline: float, *, clock: Callable[[], float], sleep: Callable[[float], None]
+    store: StateStore, cursor: int, deadline: float, *, turn: int, turns: int,
+    clock: Callable[[], float], sleep: Callable[[float], None],
 ) -> bool:
-    """Poll the inbox until a row after `cursor` arrives (True) or `deadline` passes (False)."""
+    """Poll the inbox until a row of this turn arrives after `cursor` (True) or `deadline` passes (False)."""
     while (left := deadline - clock()) > 0:
         sleep(min(INBOX_POLL_S, left))
-        if store.last_inbox_id() > cursor:
+        if has_turn(cursor, store.last_inbox_id(), turn=turn, turns=turns):
             return True
     return False

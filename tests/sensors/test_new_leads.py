@@ -16,7 +16,14 @@ from investigations.specs import load_sources
 from investigations.store import InboxItem, StateStore
 from resources.fleet import FleetResource
 from investigations.pacing import Circuits
-from sensors.new_leads import build_new_lead_sensor, dispatch, ingest, wanted_sources
+from sensors.new_leads import (
+    build_new_lead_sensor,
+    build_new_lead_sensors,
+    dispatch,
+    has_turn,
+    ingest,
+    wanted_sources,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,9 +59,9 @@ class FakeTime:
         self.on_sleep(self.slept)
 
 
-def _waiting_sensor(catalog, fake: FakeTime, wait_s: float = 3.5):
-    return build_new_lead_sensor(catalog, [build_source_job(spec) for spec in catalog.sources],
-                                 wait_for_leads_s=wait_s, clock=fake.clock, sleep=fake.sleep)
+def _waiting_sensor(catalog, fake: FakeTime, wait_s: float = 3.5, *, turn: int = 0, turns: int = 1):
+    return build_new_lead_sensor(catalog, [build_source_job(spec) for spec in catalog.sources], turn=turn,
+                                 turns=turns, wait_for_leads_s=wait_s, clock=fake.clock, sleep=fake.sleep)
 
 
 def _evaluate(sensor, instance, cursor=None):
@@ -116,6 +123,75 @@ def test_a_tick_with_work_returns_without_waiting(world) -> None:
     fake = FakeTime()
     result = _evaluate(_waiting_sensor(catalog, fake), instance)
     assert len(result.run_requests) == 1 and fake.slept == []
+
+
+@pytest.mark.parametrize(
+    ("cursor", "last", "turn", "expected"),
+    [
+        (4, 4, 0, False),  # nothing new
+        (4, 5, 0, False),  # row 5 is turn 1's
+        (4, 5, 1, True),
+        (4, 6, 0, True),  # rows 5 and 6: one for each turn
+        (4, 6, 1, True),
+        (5, 6, 1, False),
+    ],
+)
+def test_consecutive_inbox_rows_wake_sensors_in_turn(cursor, last, turn, expected) -> None:
+    assert has_turn(cursor, last, turn=turn, turns=2) is expected
+
+
+def test_new_leads_and_its_relay_take_turns(world) -> None:
+    catalog, *_ = world
+    sensors = build_new_lead_sensors(catalog, [build_source_job(spec) for spec in catalog.sources], turns=2)
+    assert [sensor.name for sensor in sensors] == ["new_leads", "new_leads_relay1"]
+
+
+def test_a_waiting_tick_sleeps_through_the_other_turn_s_lead_and_wakes_for_its_own(world) -> None:
+    catalog, store, _, instance = world
+    start = store.last_inbox_id()  # the next rows are start + 1 (turn 1 of 2) and start + 2 (turn 0)
+    arrived = []
+
+    def leads_arrive(slept) -> None:
+        if len(slept) in (2, 6):
+            arrived.extend(_accept(store, [f"lead{len(slept)}.example"], webhook=f"w{len(slept)}", sources=["robust"]))
+
+    fake = FakeTime(leads_arrive)
+    result = _evaluate(_waiting_sensor(catalog, fake, turn=(start + 2) % 2, turns=2), instance, cursor=str(start))
+    assert len(fake.slept) == 6  # it did not return on the other turn's row
+    assert sorted(r.partition_key for r in result.run_requests) == sorted(lead.id for lead in arrived)
+
+
+def test_a_tick_whose_lead_another_sensor_took_waits_on(world) -> None:
+    catalog, store, _, instance = world
+
+    def lead_arrives_and_is_taken(slept) -> None:
+        if len(slept) == 2:
+            _accept(store, ["taken.example"], webhook="w-taken", sources=["robust"])
+            ingest(store, store.inbox_after(0, limit=10), catalog)
+            assert store.dispatch("robust", limit=5)  # the other sensor's tick got there first
+
+    fake = FakeTime(lead_arrives_and_is_taken)
+    result = _evaluate(_waiting_sensor(catalog, fake, wait_s=2.0), instance, cursor="0")
+    assert not result.run_requests and fake.now == pytest.approx(2.0)
+    assert result.cursor == str(store.last_inbox_id())
+
+
+def test_a_relay_hands_over_interactive_work_only(world) -> None:
+    catalog, store, _, instance = world
+    _accept(store, [f"bulk{i}.example" for i in range(2)], webhook="bulk", sources=["robust"], priority="backfill")
+    (urgent,) = _accept(store, ["urgent.example"], webhook="urgent", sources=["robust"])
+    relay = _waiting_sensor(catalog, FakeTime(), wait_s=0, turn=1, turns=2)
+    (request,) = _evaluate(relay, instance, cursor="0").run_requests
+    assert request.partition_key == urgent.id
+    assert store.queue_depths()["robust"]["ready"] == 2  # the backfill waits for new_leads
+
+
+def test_a_relay_s_first_tick_leaves_the_inbox_already_there_to_new_leads(world) -> None:
+    catalog, store, _, instance = world
+    _accept(store, ["old.example"], webhook="old", sources=["robust"])
+    relay = _waiting_sensor(catalog, FakeTime(), wait_s=0, turn=1, turns=2)
+    result = _evaluate(relay, instance)
+    assert not result.run_requests and result.cursor == str(store.last_inbox_id())
 
 
 def test_a_dispatched_collection_is_not_requested_again(world) -> None:
