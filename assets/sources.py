@@ -162,7 +162,8 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                                 thread_name_prefix=f"collect-{spec.name}") as pool:
             # Reported as they come (in batch order), not at the end: a 90 s batch shows progress in
             # the UI, and a crash midway leaves what was stored materialized.
-            outcomes = pool.map(lambda lead: _collect_one(fleet, spec, lead, context.run.run_id), lead_ids)
+            background = is_background(context.run.tags)
+            outcomes = pool.map(lambda lead: _collect_one(fleet, spec, lead, context.run.run_id, background), lead_ids)
             try:
                 for lead_id, outcome in zip(lead_ids, outcomes):
                     if isinstance(outcome, CollectionResult):
@@ -223,9 +224,9 @@ def freshness_policy_for(spec: SourceSpec) -> FreshnessPolicy:
 
 
 def _collect_one(
-    fleet: FleetResource, spec: SourceSpec, lead_id: str, run_id: str
+    fleet: FleetResource, spec: SourceSpec, lead_id: str, run_id: str, background: bool
 ) -> CollectionResult | CollectionParked | CollectionFailed:
     try:
-        return fleet.collect(spec.name, lead_id, run_id=run_id)
+        return fleet.collect(spec.name, lead_id, run_id=run_id, background=background)
     except (CollectionParked, CollectionFailed) as outcome:
         return outcome

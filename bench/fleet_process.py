@@ -404,7 +404,8 @@ def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict
             outcome = "not started (deadline)"
         else:
             try:
-                outcome = collector.collect(source, lead_id).outcome
+                # As the fleet's batches collect: background work, standing back from booked slots.
+                outcome = collector.collect(source, lead_id, background=True).outcome
             except CollectionParked:
                 outcome = "parked"
             except CollectionFailed as exc:

@@ -131,8 +131,10 @@ class Collector:
         self.max_identities = max_identities
         self.no_identity_retry_s = no_identity_retry_s
 
-    def collect(self, source: str, lead_id: str, *, run_id: str | None = None) -> CollectionResult:
-        """Collect one (source, lead).
+    def collect(self, source: str, lead_id: str, *, run_id: str | None = None,
+                background: bool = False) -> CollectionResult:
+        """Collect one (source, lead); `background` work (a recurring crawl, a backfill) leaves the
+        rate lanes' later slots to fresh leads (see Fetcher.fetch).
 
         Raises CollectionFailed after recording a dead letter, or CollectionParked after putting the
         collection back in the queue (circuit open, throttled too long, no identity free).
@@ -159,7 +161,7 @@ class Collector:
                 while True:
                     try:
                         response = self.fetcher.fetch(spec, planned, lead_id=lead_id, run_id=run_id,
-                                                      lease=identities.current())
+                                                      lease=identities.current(), background=background)
                         break
                     except IdentityBlocked as blocked:
                         requests += blocked.requests

@@ -20,6 +20,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -40,6 +41,9 @@ if TYPE_CHECKING:  # adapters import redact_url from here; the dependency stays 
 
 DEFAULT_USER_AGENT = "investigations-fleet/0.1 (collection fleet; contact via project README)"
 DEFAULT_MAX_BODY_BYTES = 10_000_000
+# Background work books a lane's slot at most this many intervals ahead, so a busy lane's queue is
+# never a batch's: a fresh lead's request waits a slot or two, not behind every waiting batch thread.
+BACKGROUND_AHEAD_INTERVALS = 1.0
 # An identity's turns on a shared source lane are tracked only while it sends within this many of
 # the source's intervals of its last send.
 TURN_MAX_INTERVALS = 20
@@ -215,6 +219,8 @@ class Fetcher:
         self._clients_lock = threading.Lock()
         # Per identity lane: when it last sent and whether it waited behind other identities then.
         self._turns: dict[str, _Turn] = {}
+        # Per source lane: the gate a process's background requests pass one at a time.
+        self._background_gates: dict[str, threading.Lock] = {}
 
     @property
     def lanes(self) -> RateLanes | None:
@@ -283,9 +289,11 @@ class Fetcher:
         lead_id: str,
         run_id: str | None = None,
         lease: Lease | None = None,
+        background: bool = False,
     ) -> FetchResult:
         """Send `request` for `lead_id` under `spec`'s timeout and retry policy, as the lease's
-        identity (or the direct one without a lease).
+        identity (or the direct one without a lease); `background` work (recurring crawls,
+        backfills) leaves the lanes' later slots to fresh leads (see `_wait_for_lanes`).
 
         Returns the first OK answer; raises FetchFailed when the policy gives up or the target is
         refused, FetchParked when the source keeps throttling, IdentityBlocked when the identity
@@ -300,7 +308,7 @@ class Fetcher:
         throttled = 0
         park_at = None  # when a run of throttling answers turns into parking
         while True:
-            self._wait_for_lanes(spec, lanes, park_at)
+            self._wait_for_lanes(spec, lanes, park_at, background=background)
             sent += 1
             result = self._attempt(spec, request, client, proxied=proxied)
             self._sink.record_fetch(
@@ -368,8 +376,10 @@ class Fetcher:
             raise IdentityBlocked(lease.identity_id, result.status, sent,
                                   f"{health.state} at {spec.name} after {what}")
 
-    def _wait_for_lanes(self, spec: SourceSpec, lanes: list[LaneSpec], park_at: float | None) -> None:
-        """Sleep until the source's and the identity's lanes let one more request out.
+    def _wait_for_lanes(self, spec: SourceSpec, lanes: list[LaneSpec], park_at: float | None, *,
+                        background: bool = False) -> None:
+        """Sleep until the source's and the identity's lanes let one more request out; `background`
+        work books no slot more than BACKGROUND_AHEAD_INTERVALS ahead.
 
         `lanes` is [source lane, identity lane]. An identity whose last send waited behind other
         identities on the source lane thinks first (see GapSampler.think_s), so identities sharing
@@ -382,28 +392,47 @@ class Fetcher:
         if turn is not None and turn.behind_others and turn.period_s is not None:
             self._sleep(self._lanes.think_s(turn.period_s))
         give_up_at = park_at if park_at is not None else self._clock() + spec.throttle.park_after_s
+        yielded_to_others = False  # a background request that stood back while the source lane was booked
         while True:
-            reservation = self._lanes.reserve(lanes, max_wait_s=self._max_lane_wait_s)
+            # A process's background requests for a source ask the lanes one at a time: standing
+            # back means asking again when a slot comes near, and a run's threads all asking at
+            # every slot would cost a transaction each. The one asking books its slot (or hears
+            # why not: a floor, a full lane), then lets the next ask.
+            with self._background_gate(source) if background else nullcontext():
+                while True:
+                    reservation = self._lanes.reserve(
+                        lanes, max_wait_s=self._max_lane_wait_s,
+                        max_ahead_intervals=BACKGROUND_AHEAD_INTERVALS if background else None)
+                    if reservation.yield_s <= 0:
+                        break
+                    # Background work books only near slots: the later ones stay free for fresh leads.
+                    yielded_to_others = yielded_to_others or reservation.held_by == source
+                    self._sleep(reservation.yield_s)
             if reservation.granted:
-                self._sleep(reservation.wait_s)
-                sent_at = self._clock()
-                # A period longer than a few source intervals is an identity coming back from idle,
-                # not one taking turns: it has no turn to shuffle.
-                period = sent_at - turn.sent_at_s if turn is not None else None
-                if period is not None and period > TURN_MAX_INTERVALS / spec.rate.source_per_s:
-                    period = None
-                behind = reservation.held_by == source and reservation.held_intervals > TURN_BEHIND_INTERVALS
-                self._turns[own] = _Turn(sent_at_s=sent_at, period_s=period, behind_others=behind)
-                return
+                break
             if self._clock() + reservation.wait_s >= give_up_at:
                 raise FetchParked(reservation.wait_s, None, 0, f"rate lane full for {reservation.wait_s:.0f} s")
             if reservation.rhythm_extra_s > 0:
                 # The rhythm guard set the identity's lane a floor: nothing opens before it.
                 self._sleep(reservation.wait_s)
-                continue
-            # Nothing was reserved: wait part of the way and ask again, so a lane that speeds up
-            # (AIMD recovering) is used as soon as it does.
-            self._sleep(min(reservation.wait_s, self._max_lane_wait_s) / 2)
+            else:
+                # Nothing was reserved: wait part of the way and ask again, so a lane that speeds up
+                # (AIMD recovering) is used as soon as it does.
+                self._sleep(min(reservation.wait_s, self._max_lane_wait_s) / 2)
+        self._sleep(reservation.wait_s)
+        sent_at = self._clock()
+        # A period longer than a few source intervals is an identity coming back from idle, not one
+        # taking turns: it has no turn to shuffle.
+        period = sent_at - turn.sent_at_s if turn is not None else None
+        if period is not None and period > TURN_MAX_INTERVALS / spec.rate.source_per_s:
+            period = None
+        behind = yielded_to_others or (reservation.held_by == source
+                                       and reservation.held_intervals > TURN_BEHIND_INTERVALS)
+        self._turns[own] = _Turn(sent_at_s=sent_at, period_s=period, behind_others=behind)
+
+    def _background_gate(self, source_lane_name: str) -> threading.Lock:
+        with self._clients_lock:
+            return self._background_gates.setdefault(source_lane_name, threading.Lock())
 
     def _attempt(
         self, spec: SourceSpec, request: PlannedRequest, client: httpx.Client, *, proxied: bool

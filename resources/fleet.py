@@ -89,9 +89,10 @@ class FleetResource(ConfigurableResource):
         return Collector(catalog=self.catalog, store=store, records=self.records, fetcher=fetcher,
                          circuits=Circuits(store))
 
-    def collect(self, source: str, lead_id: str, *, run_id: str | None = None) -> CollectionResult:
+    def collect(self, source: str, lead_id: str, *, run_id: str | None = None,
+                background: bool = False) -> CollectionResult:
         """Collect one (source, lead) partition; see investigations.collect.Collector.collect."""
-        return self.collector().collect(source, lead_id, run_id=run_id)
+        return self.collector().collect(source, lead_id, run_id=run_id, background=background)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         with self._lock:

@@ -82,6 +82,9 @@ class Reservation:
     # > 0: refused by the rhythm guard, which would have had the send leave this much later; the
     # identity's lane opens again in wait_s (a floor on the lane), and asking before then is no use.
     rhythm_extra_s: float = 0.0
+    # > 0: refused because the slot lay further ahead than a background request may book; ask
+    # again after this long, when the slot comes within the horizon (see `reserve`).
+    yield_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ class RateLanes:
         self._sampler = sampler
         self._clock = clock
 
-    def reserve(self, lanes: Sequence[LaneSpec], *, max_wait_s: float) -> Reservation:
+    def reserve(self, lanes: Sequence[LaneSpec], *, max_wait_s: float,
+                max_ahead_intervals: float | None = None) -> Reservation:
         """Reserve the next slot on every lane in one transaction; the caller sleeps `wait_s`, then sends.
 
         Per lane: interval = 1 / (rate x factor), burst tolerance tau = (burst - 1) x interval,
@@ -136,6 +140,13 @@ class RateLanes:
         asleep. When the rhythm guard finds the planned send would close too regular a run of gaps
         on a guarded lane, nothing is reserved either; the lane's floor moves to the first moment
         that breaks the run, and `rhythm_extra_s` says so: ask again after `wait_s`.
+
+        `max_ahead_intervals` is the booking horizon of background work: a slot further ahead than
+        that many intervals of the binding lane is not reserved, and `yield_s` says when to ask
+        again (when it comes within the horizon, plus up to an interval at random, so waiting
+        requests do not all ask at once). A lane's booking then never runs more than the horizon
+        ahead of now because of background requests, and a fresh lead's request, which books
+        without a horizon, takes the next slot instead of queueing behind every waiting batch.
         """
         ordered = _unique_sorted(lanes)
         if not ordered:
@@ -155,7 +166,9 @@ class RateLanes:
             guard = self._sampler.rhythm_extra_s
             extra = max((guard(slot.recent_sends_s, planned, scale) for slot in slots if slot.lane.guard_rhythm),
                         default=0.0)
-            if extra > 0 or wait > max_wait_s:
+            horizon = None if max_ahead_intervals is None else max_ahead_intervals * binding.interval_s
+            beyond = 0.0 if horizon is None else send_at - now - horizon
+            if extra > 0 or wait > max_wait_s or beyond > 0:
                 tx.rollback()
             else:
                 for slot in slots:
@@ -178,6 +191,10 @@ class RateLanes:
             return Reservation(granted=False, wait_s=resume_at - now, rhythm_extra_s=extra)
         if wait > max_wait_s:
             return Reservation(granted=False, wait_s=wait)
+        if beyond > 0:
+            return Reservation(granted=False, wait_s=wait, held_by=binding.lane.name,
+                               held_intervals=(send_at - now) / binding.interval_s,
+                               yield_s=beyond + self._sampler.rng.uniform(0.0, binding.interval_s))
         if send_at <= now:
             return Reservation(granted=True, wait_s=wait, delay_s=delay)
         return Reservation(granted=True, wait_s=wait, delay_s=delay, held_by=binding.lane.name,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import statistics
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import httpx
@@ -30,11 +32,13 @@ class FakeTime:
     def __init__(self) -> None:
         self.now_s = 1_000_000.0
         self.slept: list[float] = []
+        self.on_sleep = lambda: None  # what happens elsewhere while the fetcher sleeps
 
     def clock(self) -> float:
         return self.now_s
 
     def sleep(self, seconds: float) -> None:
+        self.on_sleep()
         self.slept.append(seconds)
         self.now_s += seconds
 
@@ -158,3 +162,57 @@ def test_an_identity_s_sends_never_close_too_regular_a_run_of_gaps(sqlite_store)
     for n, floor in ((RHYTHM_GAPS, RHYTHM_MIN_CV), (RHYTHM_SHORT_GAPS, RHYTHM_SHORT_MIN_CV)):
         windows = [gaps[i:i + n] for i in range(len(gaps) - n + 1)]
         assert min(statistics.pstdev(w) / statistics.fmean(w) for w in windows) >= floor - 1e-9
+
+
+def test_background_work_stands_back_from_a_booked_lane_so_a_fresh_lead_goes_first(sqlite_store) -> None:
+    time_ = FakeTime()
+    exact = GapSampler(random.Random(1), sigma=0.0, pause_probability=0.0)
+    fetcher, lanes, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})],
+                                        sampler=exact)
+    source = spec(rate_per_s=2.0)
+    start = time_.now_s
+    for _ in range(3):  # other batches booked the source's slots at +0, +0.5 and +1 s
+        lanes.reserve([source_lane(source)], max_wait_s=60)
+    fresh: list[float] = []
+
+    def a_fresh_lead_asks() -> None:  # while the batch's request stands back
+        if not fresh:
+            fresh.append(lanes.reserve([source_lane(source)], max_wait_s=60).wait_s)
+
+    time_.on_sleep = a_fresh_lead_asks
+    fetcher.fetch(source, REQUEST, lead_id="l1", background=True)
+    assert fresh == [pytest.approx(1.5)]  # the next free slot: the batch had not booked it
+    assert sent[0] - start >= 2.0  # the batch's request went after the fresh lead's
+
+
+def test_an_interactive_fetch_books_the_next_slot_however_far_ahead(sqlite_store) -> None:
+    time_ = FakeTime()
+    exact = GapSampler(random.Random(1), sigma=0.0, pause_probability=0.0)
+    fetcher, lanes, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})],
+                                        sampler=exact)
+    source = spec(rate_per_s=2.0)
+    start = time_.now_s
+    for _ in range(3):
+        lanes.reserve([source_lane(source)], max_wait_s=60)
+    fetcher.fetch(source, REQUEST, lead_id="l1")
+    assert time_.slept == [pytest.approx(1.5)] and sent[0] - start == pytest.approx(1.5)  # one wait, no standing back
+
+
+def test_a_process_s_background_requests_ask_a_booked_lane_one_at_a_time(sqlite_store) -> None:
+    asked = []
+
+    class CountingLanes(RateLanes):
+        def reserve(self, lanes, **options):
+            reservation = super().reserve(lanes, **options)
+            asked.append(threading.current_thread().name)
+            return reservation
+
+    source = spec(rate_per_s=20.0)
+    lanes = CountingLanes(sqlite_store, sampler=GapSampler(random.Random(1), sigma=0.0, pause_probability=0.0))
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json={"results": []}))
+    fetcher = Fetcher(sink=sqlite_store, lanes=lanes, transport=transport, rng=random.Random(3))
+    with ThreadPoolExecutor(max_workers=4) as pool:  # a batch's threads keep the lane busy
+        list(pool.map(lambda n: fetcher.fetch(source, REQUEST, lead_id=f"l{n}", background=True), range(24)))
+    # One thread at a time asks, and again when the next slot comes near: about two questions per
+    # request. Four threads each asking at every slot would ask about four times per request.
+    assert len(asked) <= 2.5 * 24

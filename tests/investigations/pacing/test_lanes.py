@@ -105,6 +105,26 @@ def test_a_wait_beyond_max_wait_reserves_nothing(lanes: RateLanes) -> None:
     assert lanes.reserve([lane], max_wait_s=5.0).wait_s == pytest.approx(1.0)  # the slot is still free
 
 
+def test_background_books_no_slot_beyond_its_horizon_and_is_told_when_to_ask_again(lanes: RateLanes) -> None:
+    lane = LaneSpec("source:slow", rate_per_s=1.0, burst=1)
+    assert lanes.reserve([lane], max_wait_s=60.0, max_ahead_intervals=1.0).wait_s == 0.0
+    assert lanes.reserve([lane], max_wait_s=60.0, max_ahead_intervals=1.0).wait_s == pytest.approx(1.0)  # at the horizon
+    before = lanes.state(lane.name)
+
+    refused = lanes.reserve([lane], max_wait_s=60.0, max_ahead_intervals=1.0)  # its slot is 2 intervals ahead
+
+    assert not refused.granted and lanes.state(lane.name) == before
+    assert 1.0 <= refused.yield_s <= 2.0  # when the slot comes within the horizon, plus up to an interval
+    assert refused.held_by == lane.name and refused.held_intervals == pytest.approx(2.0)
+
+
+def test_a_fresh_lead_s_request_takes_the_slot_background_work_left_free(lanes: RateLanes) -> None:
+    lane = LaneSpec("source:slow", rate_per_s=1.0, burst=1)
+    for _ in range(5):  # five batch threads ask; two book, three stand back
+        lanes.reserve([lane], max_wait_s=60.0, max_ahead_intervals=1.0)
+    assert lanes.reserve([lane], max_wait_s=60.0).wait_s == pytest.approx(2.0)  # not 5 s behind them
+
+
 def test_a_request_on_two_lanes_waits_for_the_slower_one(lanes: RateLanes) -> None:
     fast, slow = LaneSpec("identity:s:a", 10.0, 1), LaneSpec("source:s", 2.0, 1)
     assert waits(lanes, [fast, slow], 2) == pytest.approx([0.0, 0.5])
