@@ -164,15 +164,20 @@ def test_an_identity_s_sends_never_close_too_regular_a_run_of_gaps(sqlite_store)
         assert min(statistics.pstdev(w) / statistics.fmean(w) for w in windows) >= floor - 1e-9
 
 
+def _booked_lane(store, time_: FakeTime):
+    """A fetcher (exact sampler) on a 2/s source whose slots at +0, +0.5 and +1 s other batches booked."""
+    exact = GapSampler(random.Random(1), sigma=0.0, pause_probability=0.0)
+    fetcher, lanes, sent = make_fetcher(store, time_, [httpx.Response(200, json={"results": []})], sampler=exact)
+    source = spec(rate_per_s=2.0)
+    for _ in range(3):
+        lanes.reserve([source_lane(source)], max_wait_s=60)
+    return fetcher, lanes, sent, source
+
+
 def test_background_work_stands_back_from_a_booked_lane_so_a_fresh_lead_goes_first(sqlite_store) -> None:
     time_ = FakeTime()
-    exact = GapSampler(random.Random(1), sigma=0.0, pause_probability=0.0)
-    fetcher, lanes, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})],
-                                        sampler=exact)
-    source = spec(rate_per_s=2.0)
     start = time_.now_s
-    for _ in range(3):  # other batches booked the source's slots at +0, +0.5 and +1 s
-        lanes.reserve([source_lane(source)], max_wait_s=60)
+    fetcher, lanes, sent, source = _booked_lane(sqlite_store, time_)
     fresh: list[float] = []
 
     def a_fresh_lead_asks() -> None:  # while the batch's request stands back
@@ -187,13 +192,8 @@ def test_background_work_stands_back_from_a_booked_lane_so_a_fresh_lead_goes_fir
 
 def test_an_interactive_fetch_books_the_next_slot_however_far_ahead(sqlite_store) -> None:
     time_ = FakeTime()
-    exact = GapSampler(random.Random(1), sigma=0.0, pause_probability=0.0)
-    fetcher, lanes, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})],
-                                        sampler=exact)
-    source = spec(rate_per_s=2.0)
     start = time_.now_s
-    for _ in range(3):
-        lanes.reserve([source_lane(source)], max_wait_s=60)
+    fetcher, _, sent, source = _booked_lane(sqlite_store, time_)
     fetcher.fetch(source, REQUEST, lead_id="l1")
     assert time_.slept == [pytest.approx(1.5)] and sent[0] - start == pytest.approx(1.5)  # one wait, no standing back
 
