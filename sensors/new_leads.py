@@ -336,13 +336,19 @@ def build_new_lead_sensor(
     def new_leads(context: SensorEvaluationContext, fleet: FleetResource) -> SensorResult | SkipReason:
         store = fleet.store
         deadline = clock() + wait_for_leads_s
+        read = queued = 0
+        run_requests: list[RunRequest] = []
+        reasons: list[str] = []
         if primary:
             sync_pool_limits(context.instance, catalog)
             cursor = int(context.cursor or 0)
-        else:  # a relay starting afresh leaves the inbox already there to new_leads
-            cursor = int(context.cursor) if context.cursor else store.last_inbox_id()
-        read = queued = 0
-        while True:
+            awake = True
+        else:
+            # The inbox as it is now is new_leads' (its tick starts in the same loop, with a pass over
+            # it): a relay only waits for the rows of its turn that arrive during its tick.
+            cursor = store.last_inbox_id()
+            awake = _wait_for_inbox(store, cursor, deadline, turn=turn, turns=turns, clock=clock, sleep=sleep)
+        while awake:
             items = store.inbox_after(cursor, limit=MAX_INBOX_ROWS_PER_TICK)
             added, notes = ingest(store, items, catalog)
             read, queued = read + len(items), queued + added
@@ -356,8 +362,7 @@ def build_new_lead_sensor(
             # Nothing to hand over (another sensor took it, say): wait on, unless the inbox has more.
             if run_requests or len(items) == MAX_INBOX_ROWS_PER_TICK:
                 break
-            if not _wait_for_inbox(store, cursor, deadline, turn=turn, turns=turns, clock=clock, sleep=sleep):
-                break
+            awake = _wait_for_inbox(store, cursor, deadline, turn=turn, turns=turns, clock=clock, sleep=sleep)
         for reason in reasons:
             context.log.info(f"backpressure: {reason}")
         new_cursor = str(cursor)

@@ -178,20 +178,31 @@ def test_a_tick_whose_lead_another_sensor_took_waits_on(world) -> None:
 
 def test_a_relay_hands_over_interactive_work_only(world) -> None:
     catalog, store, _, instance = world
-    _accept(store, [f"bulk{i}.example" for i in range(2)], webhook="bulk", sources=["robust"], priority="backfill")
-    (urgent,) = _accept(store, ["urgent.example"], webhook="urgent", sources=["robust"])
-    relay = _waiting_sensor(catalog, FakeTime(), wait_s=0, turn=1, turns=2)
-    (request,) = _evaluate(relay, instance, cursor="0").run_requests
-    assert request.partition_key == urgent.id
+    bulk = [normalize_lead("domain", f"bulk{i}.example") for i in range(2)]
+    for lead in bulk:
+        store.add_lead(lead, case_id="c1")
+    store.enqueue([("robust", lead.id) for lead in bulk], origin="backfill:1", priority_class="backfill")
+    if store.last_inbox_id() % 2:  # so that the next inbox row is the relay's (odd)
+        _accept(store, ["filler.example"], webhook="filler", sources=["flaky"])
+    arrived = []
+
+    def a_fresh_lead_arrives(slept) -> None:
+        if len(slept) == 1:
+            arrived.extend(_accept(store, ["urgent.example"], webhook="urgent", sources=["robust"]))
+
+    relay = _waiting_sensor(catalog, FakeTime(a_fresh_lead_arrives), turn=1, turns=2)
+    (request,) = _evaluate(relay, instance).run_requests
+    assert request.partition_key == arrived[0].id
     assert store.queue_depths()["robust"]["ready"] == 2  # the backfill waits for new_leads
 
 
-def test_a_relay_s_first_tick_leaves_the_inbox_already_there_to_new_leads(world) -> None:
+def test_a_relay_leaves_the_inbox_already_there_at_its_tick_s_start_to_new_leads(world) -> None:
     catalog, store, _, instance = world
     _accept(store, ["old.example"], webhook="old", sources=["robust"])
     relay = _waiting_sensor(catalog, FakeTime(), wait_s=0, turn=1, turns=2)
-    result = _evaluate(relay, instance)
+    result = _evaluate(relay, instance, cursor="0")
     assert not result.run_requests and result.cursor == str(store.last_inbox_id())
+    assert store.queue_depths() == {}  # not even queued: new_leads' pass over the inbox does that
 
 
 def test_a_dispatched_collection_is_not_requested_again(world) -> None:
