@@ -33,14 +33,11 @@ from dagster import (
 
 from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, source_asset_key
 from assets.partitions import leads_partitions
+from investigations.dispatch import batch_size
 from investigations.collect import CollectionFailed, CollectionParked, CollectionResult
-from investigations.priority import BACKGROUND_NICENESS, BATCH_LEADS_TAG, is_background
+from investigations.priority import BACKGROUND_NICENESS, BATCH_TAG, is_background
 from investigations.specs import SourceSpec
 from resources.fleet import FleetResource
-
-# A backfill run collects this many leads; at the source's permitted rate that is a couple of minutes.
-BACKFILL_SECONDS_PER_RUN = 120
-
 
 def retry_policy_for(spec: SourceSpec) -> RetryPolicy:
     """Step retries for crashes; request retries happen inside the fetcher and are not repeated here."""
@@ -53,9 +50,8 @@ def retry_policy_for(spec: SourceSpec) -> RetryPolicy:
 
 
 def backfill_policy_for(spec: SourceSpec) -> BackfillPolicy:
-    """Backfills run as chunks of leads sized to finish in about two minutes at the permitted rate."""
-    per_run = max(1, int(spec.rate.source_per_s * BACKFILL_SECONDS_PER_RUN))
-    return BackfillPolicy.multi_run(max_partitions_per_run=per_run)
+    """UI backfills run as chunks of the dispatcher's batch size (about 90 s at the permitted rate)."""
+    return BackfillPolicy.multi_run(max_partitions_per_run=batch_size(spec))
 
 
 def empty_check(spec: SourceSpec, lead_id: str, records: int, sample_keys: list[str]) -> AssetCheckEvaluation:
@@ -149,7 +145,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
         backfill_policy=backfill_policy_for(spec),
     )
     def _collect(context: AssetExecutionContext, fleet: FleetResource) -> Iterator:
-        lead_ids = batch_members(context)
+        lead_ids = batch_members(context, fleet)
         if key not in context.selected_asset_keys:
             # The check alone: judge what is stored, without asking the source again.
             for lead_id in lead_ids:
@@ -206,15 +202,16 @@ def lower_cpu_priority_if_background(tags: Mapping[str, str]) -> None:
             os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICENESS)
 
 
-def batch_members(context: AssetExecutionContext) -> list[str]:
-    """The leads this run collects: the batch's members when the dispatcher named them, else every
-    partition of the run (one lead, or a range launched from the UI)."""
-    members = context.run.tags.get(BATCH_LEADS_TAG)
+def batch_members(context: AssetExecutionContext, fleet: FleetResource) -> list[str]:
+    """The leads this run collects: the members the dispatcher recorded for its batch that it still
+    owes (a step retry skips what the first attempt finished), else every partition of the run (one
+    lead, or a range launched from the UI)."""
+    batch = context.run.tags.get(BATCH_TAG)
     partitions = list(context.partition_keys)
-    if not members:
+    if not batch:
         return partitions
     in_range = set(partitions)
-    return [lead for lead in members.split(",") if lead in in_range]
+    return [lead for lead in fleet.store.batch_leads(batch) if lead in in_range]
 
 
 def freshness_policy_for(spec: SourceSpec) -> FreshnessPolicy:

@@ -148,12 +148,13 @@ class SourceSpec(_Model):
     retry: RetrySpec = RetrySpec()
     throttle: ThrottleSpec = ThrottleSpec()
     circuit: CircuitSpec = CircuitSpec()
-    # Backpressure: at most this many collections of the source handed to Dagster and not finished
-    # (interactive and background work each have this bound).
+    # Backpressure for fresh leads: at most this many interactive collections of the source handed to
+    # Dagster and not finished (one run each). Background work is bounded by its rate instead: whole
+    # batches, in as many runs as the rate needs (see `investigations.dispatch`).
     max_in_flight: int = Field(default=400, ge=1, le=10_000)
     # Background runs batch leads (about 90 s of work at the permitted rate), at most this many: a
     # run costs seconds of CPU to start, so small batches spend the machine on starting runs.
-    batch_max_leads: int = Field(default=200, ge=1, le=1000)
+    batch_max_leads: int = Field(default=1000, ge=1, le=10_000)
     timeout_s: Positive = 10.0
     recrawl_every_s: Positive = 86400.0
     identity_tier: str = "datacenter"

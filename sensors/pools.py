@@ -1,9 +1,9 @@
-"""Keep the instance's pool limits in step with each source's `concurrency` in sources.yaml.
+"""Keep the instance's pool limits in step with each source's spec in sources.yaml.
 
-A source's pool holds `concurrency` runs plus `interactive_slots` that only interactive work can
-count on: the dispatcher never hands a source more than `concurrency` background runs at once (see
-`new_leads.background_take`), so fresh leads find the pool open even while the source's batches
-run, instead of waiting behind a 90 s batch. The source's rate lane, not the pool, keeps the
+A source's pool holds its background runs (as many as its rate needs, see
+`investigations.dispatch.background_runs_for`) plus `interactive_slots` that only interactive work
+can count on: the dispatcher never hands a source more background runs than that, so fresh leads
+find the pool open even while the source's batches run, instead of waiting behind a 90 s batch. The source's rate lane, not the pool, keeps the
 requests within what the source allows.
 
 Dagster keeps pool limits in the instance, not in code. The new-lead sensor calls this before it
@@ -16,12 +16,13 @@ from __future__ import annotations
 from dagster import DagsterInstance
 
 from assets.naming import pool_name
+from investigations.dispatch import background_runs_for
 from investigations.specs import SourceCatalog, SourceSpec
 
 
 def pool_limit(spec: SourceSpec) -> int:
-    """The source pool's limit: its concurrency, plus the slots kept for interactive runs."""
-    return spec.concurrency + spec.interactive_slots
+    """The source pool's limit: its background runs, plus the slots kept for interactive runs."""
+    return background_runs_for(spec) + spec.interactive_slots
 
 
 def sync_pool_limits(instance: DagsterInstance, catalog: SourceCatalog) -> dict[str, int]:

@@ -5,7 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from sqlalchemy import Column, Connection, Engine, Float, MetaData, String, Table, inspect, select, text
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Index,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    inspect,
+    select,
+    text,
+)
 
 from investigations.store import schema as s
 
@@ -33,10 +46,33 @@ def _qualified(conn: Connection, table: str, schema: str | None) -> str:
     return f"{quote.quote_schema(schema)}.{quote.quote(table)}" if schema else quote.quote(table)
 
 
+# `collection_queue` as version 2 created it; version 6 adds `batch_key`.
+_COLLECTION_QUEUE_V2 = Table(
+    "collection_queue",
+    MetaData(),
+    Column("id", s.BigId, primary_key=True, autoincrement=True),
+    Column("source", String(64), nullable=False),
+    Column("lead_id", String(64), nullable=False),
+    Column("origin", String(200), nullable=False),
+    Column("priority_class", String(16), nullable=False),
+    Column("case_id", String(200), nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("not_before", s.UTCDateTime, nullable=False),
+    Column("enqueued_at", s.UTCDateTime, nullable=False),
+    Column("dispatched_at", s.UTCDateTime, nullable=True),
+    Column("finished_at", s.UTCDateTime, nullable=True),
+    Column("outcome", String(16), nullable=True),
+    UniqueConstraint("source", "lead_id", "origin", name="uq_queue_source_lead_origin"),
+    Index("ix_queue_source_state", "source", "state", "not_before"),
+)
+
+
 def _create_flow_control(conn: Connection, _schema: str | None) -> None:
-    # New tables only: `rate_lanes` from its version-2 copy, the others from their unchanged declarations.
+    # New tables only: `rate_lanes` and `collection_queue` from their version-2 copies, `circuits`
+    # from its unchanged declaration.
     _RATE_LANES_V2.create(conn)
-    s.metadata.create_all(conn, tables=[s.circuits, s.collection_queue])
+    _COLLECTION_QUEUE_V2.create(conn)
+    s.metadata.create_all(conn, tables=[s.circuits])
 
 
 def _add_lane_ceiling(conn: Connection, schema: str | None) -> None:
@@ -52,6 +88,15 @@ def _add_lane_recent_sends(conn: Connection, schema: str | None) -> None:
     conn.execute(text(f"ALTER TABLE {lanes} ADD COLUMN recent_sends TEXT NOT NULL DEFAULT ''"))
 
 
+def _add_queue_batch_key(conn: Connection, schema: str | None) -> None:
+    # Rows queued or dispatched before belong to no batch: a batch run of the old kind named its
+    # members in a run tag, and none is left once the fleet restarts on this version.
+    queue = _qualified(conn, "collection_queue", schema)
+    index = conn.dialect.identifier_preparer.quote("ix_queue_batch_key")
+    conn.execute(text(f"ALTER TABLE {queue} ADD COLUMN batch_key VARCHAR(64)"))
+    conn.execute(text(f"CREATE INDEX {index} ON {queue} (batch_key)"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     1: lambda conn, _schema: s.metadata.create_all(
         conn, tables=[s.schema_version, s.cases, s.leads, s.case_leads, s.inbox, s.fetch_log, s.collections,
@@ -64,6 +109,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     ),
     4: _add_lane_ceiling,
     5: _add_lane_recent_sends,
+    6: _add_queue_batch_key,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -205,8 +205,12 @@ collection_queue = Table(
     Column("dispatched_at", UTCDateTime, nullable=True),
     Column("finished_at", UTCDateTime, nullable=True),
     Column("outcome", String(16), nullable=True),
+    # Version 6: the batch run a dispatched row went out in (the handover's key). A batch run reads
+    # its members here rather than from a run tag, which would hold thousands of lead ids.
+    Column("batch_key", String(64), nullable=True),
     UniqueConstraint("source", "lead_id", "origin", name="uq_queue_source_lead_origin"),
     Index("ix_queue_source_state", "source", "state", "not_before"),
+    Index("ix_queue_batch_key", "batch_key"),
 )
 
 

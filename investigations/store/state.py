@@ -300,6 +300,15 @@ class StateStore:
         with self.engine.begin() as conn:
             return list(conn.scalars(query))
 
+    def lead_ids_since(self, since: datetime | None) -> list[str]:
+        """The leads registered at or after `since` (every lead when None), oldest first: what the
+        Dagster layer adds to the `leads` partitions as leads join the fleet."""
+        query = select(s.leads.c.lead_id).order_by(s.leads.c.created_at, s.leads.c.lead_id)
+        if since is not None:
+            query = query.where(s.leads.c.created_at >= since)
+        with self.engine.begin() as conn:
+            return list(conn.scalars(query))
+
     # -- fetch log --------------------------------------------------------------------------------
 
     def record_fetch(self, event: FetchEvent) -> None:
@@ -460,9 +469,25 @@ class StateStore:
                     break
             if picked:
                 conn.execute(
-                    q.update().where(q.c.id.in_([row["id"] for row in picked])).values(state="dispatched", dispatched_at=now)
+                    q.update().where(q.c.id.in_([row["id"] for row in picked]))
+                    .values(state="dispatched", dispatched_at=now, batch_key=None)
                 )
         return [_queued({**row, "state": "dispatched", "dispatched_at": now}) for row in picked]
+
+    def assign_batch(self, row_ids: Sequence[int], *, batch_key: str) -> None:
+        """Name the batch run that dispatched rows go out in (see `batch_leads`)."""
+        q = s.collection_queue
+        with self.engine.begin() as conn:
+            for start in range(0, len(row_ids), 500):
+                conn.execute(q.update().where(q.c.id.in_(list(row_ids[start:start + 500]))).values(batch_key=batch_key))
+
+    def batch_leads(self, batch_key: str) -> list[str]:
+        """The leads a batch run still owes: its rows that are dispatched, in queue order. A lead the
+        batch already finished or parked, or that went out again in another run, is not among them."""
+        q = s.collection_queue
+        query = select(q.c.lead_id).where(q.c.batch_key == batch_key, q.c.state == "dispatched").order_by(q.c.id)
+        with self.engine.begin() as conn:
+            return list(dict.fromkeys(conn.scalars(query)))
 
     def finish_dispatched(self, source: str, lead_id: str, *, outcome: str, now: datetime | None = None) -> int:
         """Close every dispatched row of (source, lead), and any queued duplicate it satisfied."""

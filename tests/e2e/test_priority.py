@@ -25,9 +25,8 @@ def test_an_interactive_run_starts_before_queued_background_runs(fleet, sandbox)
     store = StateStore.from_url(f"sqlite:///{fleet.data_dir / 'state.db'}")
     instance = fleet.instance
     background = [normalize_lead("domain", f"bulk{i}.example") for i in range(12)]
-    for lead in background:
+    for lead in background:  # as `investigations leads add` does; the new-lead sensor makes them partitions
         store.add_lead(lead, case_id="case-bulk")
-    instance.add_dynamic_partitions("leads", [lead.id for lead in background])
     # Slow answers (under these sources' 30 s timeout) keep each background run busy for ~25 s, far
     # longer than a run takes to start on a loaded machine: two rounds of two leads; batches of 4
     # leads, two per source at once (their concurrency): four runs for the three background slots.

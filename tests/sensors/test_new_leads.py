@@ -11,19 +11,12 @@ from dagster import DagsterInstance, SensorResult, build_sensor_context
 from assets.jobs import build_source_job
 from assets.naming import job_name, pool_name
 from investigations.leads import normalize_lead
-from investigations.priority import DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, PriorityClass
+from investigations.priority import BATCH_TAG, DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, PriorityClass
 from investigations.specs import load_sources
 from investigations.store import InboxItem, StateStore
 from resources.fleet import FleetResource
-from investigations.pacing import Circuits
-from sensors.new_leads import (
-    build_new_lead_sensor,
-    build_new_lead_sensors,
-    dispatch,
-    has_turn,
-    ingest,
-    wanted_sources,
-)
+from investigations.dispatch import background_runs_for, ingest
+from sensors.new_leads import build_new_lead_sensor, build_new_lead_sensors, has_turn, read_cursor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,7 +79,7 @@ def test_inbox_rows_become_partitions_and_one_run_per_wanted_source(world) -> No
     request = result.run_requests[0]
     assert request.tags["dagster/priority"] == str(DAGSTER_PRIORITY[PriorityClass.INTERACTIVE])
     assert request.tags[PRIORITY_CLASS_TAG] == "interactive"
-    assert result.cursor == str(store.inbox_after(0, limit=10)[-1].id)
+    assert read_cursor(result.cursor)[0] == store.inbox_after(0, limit=10)[-1].id
 
 
 def test_an_empty_inbox_and_backlog_skips_with_a_reason(world) -> None:
@@ -173,7 +166,7 @@ def test_a_tick_whose_lead_another_sensor_took_waits_on(world) -> None:
     fake = FakeTime(lead_arrives_and_is_taken)
     result = _evaluate(_waiting_sensor(catalog, fake, wait_s=2.0), instance, cursor="0")
     assert not result.run_requests and fake.now == pytest.approx(2.0)
-    assert result.cursor == str(store.last_inbox_id())
+    assert read_cursor(result.cursor)[0] == store.last_inbox_id()
 
 
 def test_a_relay_hands_over_interactive_work_only(world) -> None:
@@ -201,7 +194,7 @@ def test_a_relay_leaves_the_inbox_already_there_at_its_tick_s_start_to_new_leads
     _accept(store, ["old.example"], webhook="old", sources=["robust"])
     relay = _waiting_sensor(catalog, FakeTime(), wait_s=0, turn=1, turns=2)
     result = _evaluate(relay, instance, cursor="0")
-    assert not result.run_requests and result.cursor == str(store.last_inbox_id())
+    assert not result.run_requests and read_cursor(result.cursor)[0] == store.last_inbox_id()
     assert store.queue_depths() == {}  # not even queued: new_leads' pass over the inbox does that
 
 
@@ -233,19 +226,20 @@ def test_interactive_work_is_dispatched_before_queued_backfill(world) -> None:
     _accept(store, [f"bulk{i}.example" for i in range(4)], webhook="bulk", sources=["robust"], priority="backfill")
     (urgent,) = _accept(store, ["urgent.example"], webhook="urgent", sources=["robust"])
     result = _evaluate(sensor, instance)
-    assert len(result.run_requests) == 3  # the fresh lead, and max_in_flight (2) of background work
-    first = result.run_requests[0]
+    first, batch = result.run_requests  # the fresh lead, then the background work as one batch
     assert first.partition_key == urgent.id and first.tags[PRIORITY_CLASS_TAG] == "interactive"
-    assert {int(r.tags["dagster/priority"]) for r in result.run_requests[1:]} == {DAGSTER_PRIORITY[PriorityClass.BACKFILL]}
+    assert int(batch.tags["dagster/priority"]) == DAGSTER_PRIORITY[PriorityClass.BACKFILL]
+    assert len(store.batch_leads(batch.tags[BATCH_TAG])) == 4
 
 
-def test_a_stale_dispatch_is_requested_again_under_the_same_run_key(world) -> None:
+def test_a_stale_dispatch_is_requested_again_under_a_new_run_key(world) -> None:
     _, store, sensor, instance = world
     _accept(store, ["example.com"], webhook="w1", sources=["robust"])
     (first,) = _evaluate(sensor, instance).run_requests
     store.release_stale_dispatches(older_than=datetime.now(UTC) + timedelta(seconds=1))
     (again,) = _evaluate(sensor, instance).run_requests
-    assert again.run_key == first.run_key
+    # Dagster never starts a run key it has seen: the same key would leave the lead uncollected.
+    assert again.partition_key == first.partition_key and again.run_key != first.run_key
 
 
 def test_pool_limits_on_the_instance_follow_sources_yaml(world) -> None:
@@ -253,66 +247,44 @@ def test_pool_limits_on_the_instance_follow_sources_yaml(world) -> None:
     _accept(store, ["example.com"], webhook="w1")
     _evaluate(sensor, instance)
     limits = {limit.name: limit.limit for limit in instance.event_log_storage.get_pool_limits()}
-    # Slots above the source's concurrency: background work never holds more than concurrency.
-    assert all(limits[pool_name(spec.name)] == spec.concurrency + spec.interactive_slots for spec in catalog.sources)
+    # Slots above the source's background runs: background work never holds more than those.
+    assert all(limits[pool_name(spec.name)] == background_runs_for(spec) + spec.interactive_slots
+               for spec in catalog.sources)
 
 
-def test_without_sources_a_lead_goes_to_every_source_taking_its_kind(world) -> None:
-    catalog, *_ = world
-    names, skipped = wanted_sources(_item(normalize_lead("email", "bob@example.com"), sources=None), catalog)
-    assert names == [s.name for s in catalog.for_kind("email")] and skipped == []
-
-
-def test_a_wanted_source_that_cannot_take_the_lead_is_skipped_with_a_reason(world) -> None:
-    catalog, *_ = world
-    item = _item(normalize_lead("email", "bob@example.com"), sources=["robust", "flaky", "gone"])
-    names, skipped = wanted_sources(item, catalog)
-    assert names == ["robust"]
-    assert any("flaky: does not take email" in s for s in skipped)
-    assert any("gone: no longer in sources.yaml" in s for s in skipped)
-
-
-def _item(lead, *, sources, priority="interactive") -> InboxItem:
-    return InboxItem(id=7, webhook_id="w", case_id="c", lead=lead, sources=sources, priority_class=priority,
-                     received_at=datetime.now(UTC))
-
-
-def test_a_resting_source_keeps_its_work_in_the_backlog_then_sends_one_probe(world) -> None:
-    catalog, store, _, _ = world
-    spec = catalog.get("robust")
-    circuits = Circuits(store)
-    for _ in range(spec.circuit.failure_threshold):
-        circuits.record("robust", spec.circuit, success=False)
-    _accept(store, ["a.example", "b.example"], webhook="w1", sources=["robust"])
-    ingest(store, store.inbox_after(0, limit=10), catalog)
-    probe_at = datetime.fromtimestamp(circuits.state("robust").probe_at_s, UTC)
-
-    resting, reasons = dispatch(store, catalog, max_runs=10, circuits=circuits, now=probe_at - timedelta(seconds=5))
-    assert resting == [] and any("circuit open" in r and "probe in 5 s" in r for r in reasons)
-    probe, reasons = dispatch(store, catalog, max_runs=10, circuits=circuits, now=probe_at + timedelta(seconds=1))
-    assert len(probe) == 1 and any("one probe" in r for r in reasons)
-    again, _ = dispatch(store, catalog, max_runs=10, circuits=circuits, now=probe_at + timedelta(seconds=2))
-    assert again == []  # one probe at a time
-
-
-def test_background_work_becomes_batch_runs_in_a_sensor_tick(world) -> None:
+def test_leads_registered_outside_the_intake_join_the_partitions_and_go_out_as_one_batch(world) -> None:
     _, store, sensor, instance = world
     leads = [normalize_lead("domain", f"bg{i}.example") for i in range(3)]
-    for lead in leads:
+    for lead in leads:  # as `investigations leads add` does: the state store only, no Dagster
         store.add_lead(lead, case_id="c1")
-    instance.add_dynamic_partitions("leads", [lead.id for lead in leads])
-    store.enqueue([("robust", lead.id) for lead in leads], origin="recurring:1", priority_class="recurring")
+    store.enqueue([("robust", lead.id) for lead in leads], origin="backfill:1", priority_class="backfill")
     result = _evaluate(sensor, instance)
+    assert set(instance.get_dynamic_partitions("leads")) == {lead.id for lead in leads}
     (batch,) = result.run_requests
-    assert batch.partition_key is None and batch.tags["investigations/batch_leads"].count(",") == 1  # 2 leads: max_in_flight is 2 here
-    assert not result.dynamic_partitions_requests
+    assert batch.partition_key is None and batch.tags[BATCH_TAG] == batch.run_key
+    assert sorted(store.batch_leads(batch.tags[BATCH_TAG])) == sorted(lead.id for lead in leads)
+    order = instance.get_dynamic_partitions("leads")
+    assert {batch.tags["dagster/asset_partition_range_start"], batch.tags["dagster/asset_partition_range_end"]} == {
+        order[0], order[-1]}
 
 
-def test_a_fresh_lead_is_dispatched_even_when_background_work_fills_max_in_flight(world) -> None:
+def test_a_lead_registered_while_the_sensor_was_off_joins_the_partitions_on_its_first_tick(world) -> None:
+    _, store, sensor, instance = world
+    lead = normalize_lead("domain", "early.example")
+    store.add_lead(lead)
+    first = _evaluate(sensor, instance)
+    assert instance.get_dynamic_partitions("leads") == [lead.id]
+    later = normalize_lead("domain", "later.example")
+    store.add_lead(later)
+    _evaluate(sensor, instance, cursor=first.cursor)  # a later tick reads only what joined since
+    assert instance.get_dynamic_partitions("leads") == [lead.id, later.id]
+
+
+def test_a_fresh_lead_is_dispatched_even_when_background_work_is_in_flight(world) -> None:
     _, store, sensor, instance = world
     _accept(store, [f"bulk{i}.example" for i in range(4)], webhook="bulk", sources=["robust"], priority="backfill")
     first = _evaluate(sensor, instance)
-    assert len(first.run_requests) == 2  # background filled robust's max_in_flight of 2
+    assert len(first.run_requests) == 1  # the backlog, smaller than a batch, went out whole
     (urgent,) = _accept(store, ["urgent.example"], webhook="urgent", sources=["robust"])
     (request,) = _evaluate(sensor, instance, cursor=first.cursor).run_requests
     assert request.partition_key == urgent.id

@@ -5,6 +5,7 @@ current version keeping its rows, a new one gets the same tables as a migrated o
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +19,7 @@ from investigations.store import schema as s
 from investigations.store.engine import make_engine
 from investigations.store.migrations import migrate
 
+V5_AT = datetime(2026, 12, 1, tzinfo=UTC)
 FRAGILE = LaneSpec("source:fragile", rate_per_s=1.0, burst=1)
 V3_LANE = {"lane": FRAGILE.name, "tat_s": 1_000.5, "not_before_s": 1_003.0, "rate_factor": 0.25,
            "updated_at_s": 1_000.0}
@@ -54,6 +56,11 @@ def v4_database(engine: Engine, database: tuple[str, str | None]) -> Engine:
     return engine
 
 
+def queue_columns(engine: Engine, schema: str | None) -> list[tuple[str, bool]]:
+    with engine.connect() as conn:
+        return [(c["name"], c["nullable"]) for c in inspect(conn).get_columns("collection_queue", schema=schema)]
+
+
 def lane_columns(engine: Engine, schema: str | None) -> list[tuple[str, bool]]:
     with engine.connect() as conn:
         return [(c["name"], c["nullable"]) for c in inspect(conn).get_columns("rate_lanes", schema=schema)]
@@ -73,8 +80,8 @@ def test_a_version_3_database_migrates_to_the_current_version_keeping_its_lanes(
     v3_database: Engine, database: tuple[str, str | None]
 ) -> None:
     store = StateStore(v3_database, schema=database[1])
-    assert store.schema_version == s.SCHEMA_VERSION == 5
-    assert versions(v3_database) == [1, 2, 3, 4, 5]
+    assert store.schema_version == s.SCHEMA_VERSION == 6
+    assert versions(v3_database) == [1, 2, 3, 4, 5, 6]
     assert lane_columns(v3_database, database[1]) == [(c.name, c.nullable) for c in s.rate_lanes.columns]
     state = RateLanes(store, sampler=GapSampler(random.Random(0))).state(V3_LANE["lane"])
     assert state is not None
@@ -102,8 +109,8 @@ def test_a_version_4_database_migrates_to_the_current_version_keeping_its_lanes(
     v4_database: Engine, database: tuple[str, str | None]
 ) -> None:
     store = StateStore(v4_database, schema=database[1])
-    assert store.schema_version == s.SCHEMA_VERSION == 5
-    assert versions(v4_database) == [1, 2, 3, 4, 5]
+    assert store.schema_version == s.SCHEMA_VERSION == 6
+    assert versions(v4_database) == [1, 2, 3, 4, 5, 6]
     assert lane_columns(v4_database, database[1]) == [(c.name, c.nullable) for c in s.rate_lanes.columns]
     state = RateLanes(store, sampler=GapSampler(random.Random(0))).state(V4_LANE["lane"])
     assert state is not None
@@ -133,3 +140,28 @@ def test_migrating_to_an_unknown_version_is_refused(engine: Engine, database: tu
     with pytest.raises(ValueError, match=f"no schema version {s.SCHEMA_VERSION + 1}"):
         migrate(engine, schema=database[1], version=s.SCHEMA_VERSION + 1)
 
+
+
+@pytest.fixture
+def v5_database(engine: Engine, database: tuple[str, str | None]) -> Engine:
+    """A database left at version 5, with one queued collection written as version 5 code wrote it."""
+    _, schema = database
+    assert migrate(engine, schema=schema, version=5) == 5
+    assert "batch_key" not in [name for name, _ in queue_columns(engine, schema)]
+    with engine.begin() as conn:
+        conn.execute(s.collection_queue.insert().values(
+            source="robust", lead_id="domain-1", origin="backfill:1", priority_class="backfill", state="queued",
+            not_before=V5_AT, enqueued_at=V5_AT))
+    return engine
+
+
+def test_a_version_5_database_migrates_keeping_its_queue_whose_rows_belong_to_no_batch(
+    v5_database: Engine, database: tuple[str, str | None]
+) -> None:
+    store = StateStore(v5_database, schema=database[1])
+    assert versions(v5_database) == list(range(1, s.SCHEMA_VERSION + 1))
+    assert queue_columns(v5_database, database[1]) == [(c.name, c.nullable) for c in s.collection_queue.columns]
+    (row,) = store.dispatch("robust", limit=5, now=V5_AT)
+    assert row.lead_id == "domain-1"
+    store.assign_batch([row.id], batch_key="robust:batch:1")
+    assert store.batch_leads("robust:batch:1") == ["domain-1"]

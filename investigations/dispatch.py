@@ -1,0 +1,322 @@
+"""The dispatcher: which queued collections each source hands to Dagster now, and why the rest waits.
+
+Every wanted collection lives in the fleet's backlog (`collection_queue`); Dagster only ever holds a
+bounded amount of it. One pass decides, per source and in this order:
+
+1. the circuit: a resting source hands over nothing, and after its rest one collection, the probe;
+2. interactive work: one run per lead (an investigator is waiting), within the source's
+   `max_in_flight`, bounded apart from background work so a full background backlog never holds a
+   fresh lead back;
+3. background work (recurring crawls, backfills): whole batches only, at most the source's
+   background runs at once (`background_runs_for`, derived from its rate), within `max_in_flight`.
+   A run costs seconds of CPU to start, so handing over whatever room the last finished leads freed
+   would start a trickle of small runs.
+
+The answer is plain values (`Handover`s and reasons); the Dagster layer turns them into run requests.
+Nothing here knows Dagster's tag names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from investigations.pacing import Circuits, jittered_start_s
+from investigations.priority import PriorityClass
+from investigations.specs import SourceCatalog, SourceSpec
+from investigations.store import InboxItem, QueuedCollection, StateStore, utcnow
+
+# A background run collects about this much work at the source's permitted rate: long enough that a
+# run's start (seconds of CPU) is small beside it, short enough that a fresh lead's batch-mates and a
+# terminated run lose little. The UI's backfills are chunked by the same rule.
+BATCH_SECONDS = 90
+# How long a background run takes to start (launch, imports, resources) and to wind down its last
+# leads on a busy 2-core machine, during which other runs of the source must keep its lanes busy.
+RUN_OVERLAP_S = 15
+# A dispatched collection whose run never reported back goes back to the queue after this long.
+STALE_DISPATCH = timedelta(minutes=30)
+BACKGROUND_CLASSES = (PriorityClass.RECURRING.value, PriorityClass.BACKFILL.value)
+
+
+@dataclass(frozen=True)
+class Handover:
+    """One run to request: one lead, or a batch of one source's background leads of one class."""
+
+    source: str
+    priority_class: PriorityClass
+    rows: tuple[QueuedCollection, ...]
+
+    @property
+    def lead_ids(self) -> list[str]:
+        return [row.lead_id for row in self.rows]
+
+    @property
+    def is_batch(self) -> bool:
+        return len(self.rows) > 1
+
+    @property
+    def key(self) -> str:
+        """A key unique to this handover of these queue rows. A row handed over again (its run died,
+        its dispatch went stale) was dispatched at another moment, so it gets a new key: a run key
+        Dagster has seen is never started again."""
+        if not self.is_batch:
+            row = self.rows[0]
+            return f"{self.source}:{row.lead_id}:q{row.id}:d{_stamp(row)}"
+        ids = ",".join(f"{row.id}:{_stamp(row)}" for row in sorted(self.rows, key=lambda row: row.id))
+        return f"{self.source}:batch:{hashlib.sha256(ids.encode()).hexdigest()[:12]}"
+
+
+@dataclass
+class DispatchPlan:
+    """What one dispatch pass hands over, and why anything ready was held back."""
+
+    handovers: list[Handover] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def lead_ids(self) -> list[str]:
+        """Every lead the handovers collect, each once, in handover order."""
+        return list(dict.fromkeys(lead for handover in self.handovers for lead in handover.lead_ids))
+
+
+@dataclass(frozen=True)
+class CircuitGate:
+    """What a source's circuit lets out now: `room` None is no limit, 0 nothing, 1 the probe."""
+
+    room: int | None
+    reason: str | None = None
+    state: str = "closed"
+
+    @property
+    def closed(self) -> bool:
+        return self.room is None
+
+
+def circuit_gate(circuits: Circuits | None, source: str, *, now_s: float) -> CircuitGate:
+    """The one circuit rule every caller (dispatch, recurring planning) uses.
+
+    A resting source gets nothing, so its work waits in the backlog without holding a run slot;
+    once the rest is over it gets one collection: the probe.
+    """
+    state = circuits.state(source) if circuits is not None else None
+    if state is None or state.state == "closed":
+        return CircuitGate(None)
+    if state.state == "open" and state.probe_at_s is not None and now_s < state.probe_at_s:
+        return CircuitGate(0, f"{source}: circuit open after {state.failure_streak} failures; "
+                              f"probe in {state.probe_at_s - now_s:.0f} s", state.state)
+    if state.state == "half_open":
+        return CircuitGate(0, f"{source}: circuit half open, waiting for its probe", state.state)
+    return CircuitGate(1, f"{source}: circuit open, sending one probe", state.state)
+
+
+def wanted_sources(item: InboxItem, catalog: SourceCatalog) -> tuple[list[str], list[str]]:
+    """The sources an inbox row asks for, and the reasons for any wanted source that is skipped."""
+    wanted = item.sources or [spec.name for spec in catalog.for_kind(item.lead.kind)]
+    names, skipped = [], []
+    for name in wanted:
+        if name not in catalog.names:
+            skipped.append(f"{name}: no longer in sources.yaml")
+        elif not catalog.get(name).accepts(item.lead.kind):
+            skipped.append(f"{name}: does not take {item.lead.kind} leads")
+        else:
+            names.append(name)
+    return names, skipped
+
+
+def ingest(store: StateStore, items: Sequence[InboxItem], catalog: SourceCatalog) -> tuple[int, list[str]]:
+    """Queue every inbox row once per wanted source (idempotent by inbox row)."""
+    queued, notes = 0, []
+    for item in items:
+        names, skipped = wanted_sources(item, catalog)
+        queued += store.enqueue(
+            [(name, item.lead.id) for name in names],
+            origin=f"inbox:{item.id}",
+            priority_class=item.priority_class,
+            case_id=item.case_id,
+        )
+        notes.extend(f"inbox row {item.id} lead {item.lead.id}: skipped {reason}" for reason in skipped)
+    return queued, notes
+
+
+def batch_size(spec: SourceSpec) -> int:
+    """Leads per background run: about BATCH_SECONDS of work at the source's permitted rate."""
+    return max(1, min(spec.batch_max_leads, int(spec.rate.source_per_s * BATCH_SECONDS)))
+
+
+def background_runs_for(spec: SourceSpec) -> int:
+    """How many background runs of a source may be queued or running at once: derived from its rate.
+
+    One run keeps `concurrency` collections in flight and, at the source's rate, finishes its batch
+    in `batch_size / source_per_s` seconds. A run also takes RUN_OVERLAP_S to start and to wind down
+    its last leads, while the source's lanes would sit idle; so enough other runs must be under way
+    to keep the lanes busy meanwhile: 1 + ceil(RUN_OVERLAP_S / batch seconds). A slow source (a
+    90 s batch) gets 2, a fast one whose batch is capped by `batch_max_leads` more. A fixed number
+    for every source would starve a fast one or flood a slow one.
+    """
+    return 1 + math.ceil(RUN_OVERLAP_S * spec.rate.source_per_s / batch_size(spec))
+
+
+def background_bound(spec: SourceSpec) -> int:
+    """Background collections of a source handed to Dagster at once: its background runs' whole
+    batches (backpressure sized by the rate: at most a couple of batches' work waits in Dagster)."""
+    return background_runs_for(spec) * batch_size(spec)
+
+
+def background_take(spec: SourceSpec, *, in_flight: int, ready: int, runs_in_flight: int = 0) -> int:
+    """How many background collections to hand over now: whole batches only, or the whole backlog
+    when it is smaller than a batch and fits, and never a run beyond the source's background runs
+    (counted in Dagster: a batch near its end still holds a pool slot)."""
+    size = batch_size(spec)
+    room = min(background_bound(spec) - in_flight, (background_runs_for(spec) - runs_in_flight) * size)
+    if room >= size:
+        return room // size * size
+    return ready if 0 < ready <= room else 0
+
+
+def batches(spec: SourceSpec, rows: Sequence[QueuedCollection], order: Callable[[str], int]) -> list[Handover]:
+    """Interactive rows one lead each; background rows in batches of `batch_size` per class, in
+    `order` (the caller's order of leads, so a batch spans few others). A batch of one is a single."""
+    handovers = [Handover(spec.name, PriorityClass.INTERACTIVE, (row,))
+                 for row in rows if row.priority_class == PriorityClass.INTERACTIVE]
+    by_class: dict[str, list[QueuedCollection]] = {}
+    for row in rows:
+        if row.priority_class != PriorityClass.INTERACTIVE:
+            by_class.setdefault(row.priority_class, []).append(row)
+    size = batch_size(spec)
+    for priority_class, members in by_class.items():
+        members.sort(key=lambda row: order(row.lead_id))
+        for start in range(0, len(members), size):
+            handovers.append(Handover(spec.name, PriorityClass(priority_class), tuple(members[start:start + size])))
+    return handovers
+
+
+def plan_dispatch(
+    store: StateStore,
+    catalog: SourceCatalog,
+    *,
+    max_runs: int,
+    circuits: Circuits | None = None,
+    now: datetime | None = None,
+    order: Callable[[str], int] = lambda _lead: 0,
+    background_runs: Callable[[str], int] = lambda _source: 0,
+    background: bool = True,
+) -> DispatchPlan:
+    """Claim each source's ready collections within its bounds and circuit, and say how they go out.
+
+    `background_runs(source)` counts the source's background runs not finished yet (the caller reads
+    them from Dagster's run records); `order` orders leads for batching. With `background` False only
+    interactive work is handed over (a relay's pass). At most `max_runs` handovers.
+    """
+    now = now or utcnow()
+    store.release_stale_dispatches(older_than=now - STALE_DISPATCH)
+    depths = store.queue_depths(now=now)
+    plan = DispatchPlan()
+    for spec in catalog.sources:
+        depth = depths.get(spec.name)
+        if not depth or not (depth["ready"] if background else depth["ready_interactive"]):
+            continue
+        gate = circuit_gate(circuits, spec.name, now_s=now.timestamp())
+        if gate.reason:
+            plan.reasons.append(gate.reason)
+        if gate.room == 0:
+            continue
+        runs_left = max_runs - len(plan.handovers)
+        if gate.room is not None:  # the probe: one collection at a time, whatever its class
+            limit = min(gate.room - depth["dispatched"], 1, runs_left)
+            probe = store.dispatch(spec.name, limit=limit, now=now,
+                                   classes=None if background else [PriorityClass.INTERACTIVE.value])
+            plan.handovers.extend(batches(spec, probe, order))
+            continue
+        rows = store.dispatch(spec.name, limit=min(spec.max_in_flight - depth["dispatched_interactive"], runs_left),
+                              now=now, classes=[PriorityClass.INTERACTIVE.value])
+        if depth["ready_interactive"] > len(rows):
+            plan.reasons.append(
+                f"{spec.name}: {depth['dispatched_interactive'] + len(rows)} interactive collections in flight "
+                f"(max_in_flight {spec.max_in_flight}); {depth['ready_interactive'] - len(rows)} wait in the backlog"
+            )
+        background_ready = depth["ready"] - depth["ready_interactive"] if background else 0
+        handed: list[QueuedCollection] = []
+        if background_ready:
+            in_flight = depth["dispatched"] - depth["dispatched_interactive"]
+            runs_in_flight = background_runs(spec.name)
+            room = background_take(spec, in_flight=in_flight, ready=background_ready, runs_in_flight=runs_in_flight)
+            room = min(room, (runs_left - len(rows)) * batch_size(spec))
+            if room > 0:
+                handed = store.dispatch(spec.name, limit=room, now=now, classes=list(BACKGROUND_CLASSES))
+            if background_ready > len(handed):
+                plan.reasons.append(
+                    f"{spec.name}: {in_flight + len(handed)} background collections in flight in "
+                    f"{runs_in_flight} run(s) and {len(handed)} more handed over (at most "
+                    f"{background_runs_for(spec)} batch(es) of {batch_size(spec)}); "
+                    f"{background_ready - len(handed)} wait in the backlog"
+                )
+        plan.handovers.extend(batches(spec, rows + handed, order))
+    return plan
+
+
+# Leads queued per source per tick; the rest are picked up on the next ticks, stalest first.
+MAX_DUE_PER_SOURCE = 500
+# A source whose backlog holds this many times its max_in_flight is not given more recurring work.
+BACKLOG_FACTOR = 5
+# Start times spread over this share of the window (at most MAX_SPREAD_S), so crawls of many leads
+# and sources do not all start on the same tick.
+START_SPREAD = 0.1
+MAX_SPREAD_S = 600.0
+
+
+@dataclass(frozen=True)
+class RecurringPlan:
+    source: str
+    window: int
+    due: int
+    queued: int
+    skipped: str | None = None
+
+
+def window_of(spec: SourceSpec, now: datetime) -> int:
+    """The cadence window `now` falls in: queue origins (and so run keys) are unique per window."""
+    return int(now.timestamp() // spec.recrawl_every_s)
+
+
+def plan_recurring(
+    store: StateStore, catalog: SourceCatalog, *, now: datetime | None = None, circuits: Circuits | None = None
+) -> list[RecurringPlan]:
+    """Queue every source's due monitored leads for this window; return what was done and skipped."""
+    now = now or utcnow()
+    depths = store.queue_depths(now=now)
+    plans = []
+    for spec in catalog.sources:
+        window = window_of(spec, now)
+        gate = circuit_gate(circuits, spec.name, now_s=now.timestamp())
+        if not gate.closed:
+            plans.append(RecurringPlan(spec.name, window, 0, 0, f"circuit {gate.state}"))
+            continue
+        depth = depths.get(spec.name, {})
+        backlog = sum(depth.values())
+        if backlog >= BACKLOG_FACTOR * spec.max_in_flight:
+            plans.append(RecurringPlan(spec.name, window, 0, 0, f"backlog full ({backlog} collections waiting)"))
+            continue
+        due = store.stale_monitored(spec.name, lead_kinds=spec.lead_kinds,
+                                    older_than=now - timedelta(seconds=spec.recrawl_every_s), limit=MAX_DUE_PER_SOURCE)
+        # Seeded by source and window: re-evaluating a tick draws the same start, nothing moves.
+        rng = random.Random(f"{spec.name}:{window}")
+        start = now + timedelta(seconds=jittered_start_s(min(spec.recrawl_every_s, MAX_SPREAD_S / START_SPREAD),
+                                                         rng=rng, spread=START_SPREAD))
+        queued = store.enqueue([(spec.name, lead) for lead in due], origin=f"recurring:{window}",
+                               priority_class=PriorityClass.RECURRING.value, not_before=start, now=now)
+        plans.append(RecurringPlan(spec.name, window, len(due), queued))
+    return plans
+
+
+def order_from(positions: Mapping[str, int]) -> Callable[[str], int]:
+    """An order of leads from their positions; a lead without one goes last."""
+    last = len(positions)
+    return lambda lead: positions.get(lead, last)
+
+
+def _stamp(row: QueuedCollection) -> int:
+    return int(row.dispatched_at.timestamp() * 1000) if row.dispatched_at else 0
