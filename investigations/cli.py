@@ -283,6 +283,8 @@ def _fleet(args: argparse.Namespace) -> int:
             # The rate the source last throttled at, once it has: the lane settles just under it.
             "ceiling_rate_per_s": (round(spec.rate.source_per_s * lane.ceiling_factor, 3)
                                    if lane and lane.last_cut_s != NEVER_CUT_S else None),
+            # Parked collections waiting in the backlog, by why they were parked.
+            "parked": store.park_reasons(spec.name),
         })
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
@@ -299,4 +301,7 @@ def _fleet(args: argparse.Namespace) -> int:
         print(f"{row['source']:<12} {row['requests']:>8} {ok:>6} {throttled:>9} {row['requests'] - ok - throttled:>6}  "
               f"{queue['ready']:>6} {queue['waiting']:>7} {queue['dispatched']:>9}  {row['circuit']:<9} {rate:>13} "
               f"{ceiling:>9}  {last}")
+    for row in rows:
+        for reason, count in sorted(row["parked"].items(), key=lambda item: -item[1]):
+            print(f"  {row['source']}: {count} parked: {reason}")
     return 0

@@ -13,6 +13,8 @@ the lead. Without a pool (no identities file) every request goes out as the one 
 from __future__ import annotations
 
 import logging
+import random
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,9 +36,15 @@ log = logging.getLogger(__name__)
 # A collection whose identity gets blocked goes on with another, up to this many in all: one bad
 # identity must not fail a lead, but a source that blocks every identity it sees is not worth more.
 MAX_IDENTITIES_PER_COLLECTION = 3
-# No identity can go to the source now (all leased, resting or lane-limited): back in the queue for
-# this long. Short: leases last one collection, so one is usually free again within seconds.
+# No identity can go to the source now (all resting, retired or lane-limited): back in the queue for
+# this long. Short: a rest or a lane frees up within seconds to minutes.
 NO_IDENTITY_RETRY_S = 15.0
+# Every identity is leased by other collections of the source: a lease lasts one collection (about
+# one identity-lane interval), so one is free again within a second or so. Wait this long at most,
+# polling every LEASE_POLL_S (jittered), before parking: parking a lead only because a batch run has
+# more threads than the pool has identities would send it back to the queue for nothing.
+LEASE_WAIT_S = 30.0
+LEASE_POLL_S = 0.1
 # A lease outlives the longest a collection can spend on one request by this much (see lease_ttl_s).
 LEASE_MARGIN_S = 60.0
 
@@ -119,6 +127,9 @@ class Collector:
         now: Callable[[], datetime] = utcnow,
         max_identities: int = MAX_IDENTITIES_PER_COLLECTION,
         no_identity_retry_s: float = NO_IDENTITY_RETRY_S,
+        lease_wait_s: float = LEASE_WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if max_identities < 1:
             raise ValueError(f"max_identities ({max_identities}) must be >= 1")
@@ -130,6 +141,9 @@ class Collector:
         self.now = now
         self.max_identities = max_identities
         self.no_identity_retry_s = no_identity_retry_s
+        self.lease_wait_s = lease_wait_s
+        self.clock = clock
+        self.sleep = sleep
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None,
                 background: bool = False) -> CollectionResult:
@@ -154,9 +168,12 @@ class Collector:
         requests = 0
         identities = _Identities(self.fetcher, spec, holder=run_id or f"collect-{uuid.uuid4().hex}")
         try:
-            if not identities.lease_next():
+            if not self._lease_first(identities, source):
+                busy = identities.others_leasing()
                 self._park(source, lead_id, retry_in_s=self.no_identity_retry_s,
-                           reason=f"no identity available for {source} (all leased, resting or rate-limited)")
+                           reason=f"all identities for {source} leased by other collections for "
+                                  f"{self.lease_wait_s:.0f} s" if busy else
+                           f"no identity available for {source} (all resting, retired or rate-limited)")
             for planned in adapter.requests_for(lead):
                 while True:
                     try:
@@ -215,6 +232,16 @@ class Collector:
             lease_ids=identities.lease_ids,
         )
 
+    def _lease_first(self, identities: _Identities, source: str) -> bool:
+        """Lease an identity, waiting up to `lease_wait_s` while every one is leased by other
+        collections (they free up within about a lane interval); not while none is usable at all."""
+        deadline = self.clock() + self.lease_wait_s
+        while not identities.lease_next():
+            if not identities.others_leasing() or self.clock() >= deadline:
+                return False
+            self.sleep(LEASE_POLL_S * random.uniform(0.5, 1.5))
+        return True
+
     def _record_circuit(self, spec: SourceSpec, *, success: bool) -> None:
         if self.circuits is not None:
             self.circuits.record(spec.name, spec.circuit, success=success)
@@ -222,7 +249,7 @@ class Collector:
     def _park(self, source: str, lead_id: str, *, retry_in_s: float, reason: str) -> NoReturn:
         now = self.now()
         until = now + timedelta(seconds=retry_in_s)
-        if not self.store.park_dispatched(source, lead_id, until=until):
+        if not self.store.park_dispatched(source, lead_id, until=until, reason=reason):
             # Launched outside the backlog (from the UI, say): queue it so the work is not lost.
             self.store.enqueue([(source, lead_id)], origin=f"parked:{now.isoformat()}", priority_class="recurring",
                                not_before=until, now=now)
@@ -290,6 +317,10 @@ class _Identities:
         self.lease_ids.append(lease.lease_id)
         self._base = self._fetcher.load_cookies(lease)
         return True
+
+    def others_leasing(self) -> bool:
+        """Whether other collections hold leases for the source now (so one may free up soon)."""
+        return self._pool is not None and bool(self._pool.active_leases(self._spec.name))
 
     def current(self) -> Lease | None:
         """The lease to send the next request under, extended first unless just taken. A lease lost

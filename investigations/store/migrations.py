@@ -46,7 +46,7 @@ def _qualified(conn: Connection, table: str, schema: str | None) -> str:
     return f"{quote.quote_schema(schema)}.{quote.quote(table)}" if schema else quote.quote(table)
 
 
-# `collection_queue` as version 2 created it; version 6 adds `batch_key`.
+# `collection_queue` as version 2 created it; version 6 adds `batch_key` and `park_reason`.
 _COLLECTION_QUEUE_V2 = Table(
     "collection_queue",
     MetaData(),
@@ -88,12 +88,13 @@ def _add_lane_recent_sends(conn: Connection, schema: str | None) -> None:
     conn.execute(text(f"ALTER TABLE {lanes} ADD COLUMN recent_sends TEXT NOT NULL DEFAULT ''"))
 
 
-def _add_queue_batch_key(conn: Connection, schema: str | None) -> None:
+def _add_queue_batch_and_park_reason(conn: Connection, schema: str | None) -> None:
     # Rows queued or dispatched before belong to no batch: a batch run of the old kind named its
     # members in a run tag, and none is left once the fleet restarts on this version.
     queue = _qualified(conn, "collection_queue", schema)
     index = conn.dialect.identifier_preparer.quote("ix_queue_batch_key")
     conn.execute(text(f"ALTER TABLE {queue} ADD COLUMN batch_key VARCHAR(64)"))
+    conn.execute(text(f"ALTER TABLE {queue} ADD COLUMN park_reason TEXT"))
     conn.execute(text(f"CREATE INDEX {index} ON {queue} (batch_key)"))
 
 
@@ -109,7 +110,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     ),
     4: _add_lane_ceiling,
     5: _add_lane_recent_sends,
-    6: _add_queue_batch_key,
+    6: _add_queue_batch_and_park_reason,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

@@ -208,6 +208,8 @@ collection_queue = Table(
     # Version 6: the batch run a dispatched row went out in (the handover's key). A batch run reads
     # its members here rather than from a run tag, which would hold thousands of lead ids.
     Column("batch_key", String(64), nullable=True),
+    # Version 6 too: why a parked collection waits (the limiter refused, a full lane, no identity).
+    Column("park_reason", Text, nullable=True),
     UniqueConstraint("source", "lead_id", "origin", name="uq_queue_source_lead_origin"),
     Index("ix_queue_source_state", "source", "state", "not_before"),
     Index("ix_queue_batch_key", "batch_key"),

@@ -502,16 +502,28 @@ class StateStore:
             )
         return result.rowcount
 
-    def park_dispatched(self, source: str, lead_id: str, *, until: datetime) -> int:
-        """Put the dispatched rows of (source, lead) back in the queue, ready again at `until`."""
+    def park_dispatched(self, source: str, lead_id: str, *, until: datetime, reason: str | None = None) -> int:
+        """Put the dispatched rows of (source, lead) back in the queue, ready again at `until`, with
+        the reason it waits (a throttling source, a full rate lane, no identity)."""
         q = s.collection_queue
         with self.engine.begin() as conn:
             result = conn.execute(
                 q.update()
                 .where(q.c.source == source, q.c.lead_id == lead_id, q.c.state == "dispatched")
-                .values(state="queued", not_before=until, dispatched_at=None, outcome="parked")
+                .values(state="queued", not_before=until, dispatched_at=None, outcome="parked",
+                        park_reason=reason[:500] if reason else None)
             )
         return result.rowcount
+
+    def park_reasons(self, source: str | None = None) -> dict[str, int]:
+        """How many queued collections wait after being parked, by reason (the fleet view shows it)."""
+        q = s.collection_queue
+        query = (select(q.c.park_reason, func.count()).where(q.c.state == "queued", q.c.outcome == "parked")
+                 .group_by(q.c.park_reason))
+        if source is not None:
+            query = query.where(q.c.source == source)
+        with self.engine.begin() as conn:
+            return {reason or "unknown": count for reason, count in conn.execute(query)}
 
     def release_stale_dispatches(self, *, older_than: datetime) -> int:
         """Dispatched rows whose run never reported back (a lost tick, a killed worker) go back to

@@ -95,3 +95,17 @@ def test_backfill_queues_every_lead_the_source_takes_once_a_day(state, monkeypat
     main(["backfill", "--source", "fragile"])
     assert "queued 0 of 2" in capsys.readouterr().out
     assert main(["backfill", "--source", "nope"]) == 2
+
+
+def test_fleet_says_why_parked_collections_wait(state, monkeypatch, capsys) -> None:
+    from datetime import UTC, datetime
+
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(Path(__file__).resolve().parents[2] / "sources.yaml"))
+    state.enqueue([("robust", "l1"), ("robust", "l2")], origin="t", priority_class="backfill")
+    state.dispatch("robust", limit=2)
+    state.park_dispatched("robust", "l1", until=datetime.now(UTC), reason="rate lane full for 130 s")
+    assert main(["fleet", "--json"]) == 0
+    rows = {row["source"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["robust"]["parked"] == {"rate lane full for 130 s": 1} and rows["quiet"]["parked"] == {}
+    assert main(["fleet"]) == 0
+    assert "robust: 1 parked: rate lane full for 130 s" in capsys.readouterr().out

@@ -4,6 +4,8 @@ every answer says about it. Real loopback proxies on 127.0.0.2 and 127.0.0.3, th
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -197,12 +199,66 @@ def test_every_identity_blocked_parks_the_collection_instead_of_failing_it(world
     assert world.store.queue_depths()["banning"]["waiting"] == 1
 
 
-def test_no_identity_free_parks_the_collection_without_a_request(world: World) -> None:
+class FakeTime:
+    """A clock that moves only when slept on; `on_sleep` runs at each sleep (a lease released, say)."""
+
+    def __init__(self, on_sleep=lambda slept: None) -> None:
+        self.now, self.slept, self.on_sleep = 0.0, [], on_sleep
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept.append(seconds)
+        self.on_sleep(self.slept)
+
+
+def _collector(world: World, fake: FakeTime, wait_s: float = 5.0) -> Collector:
+    return Collector(catalog=world.catalog, store=world.store, records=world.records, fetcher=world.fetcher,
+                     lease_wait_s=wait_s, clock=fake.clock, sleep=fake.sleep)
+
+
+def test_every_identity_leased_elsewhere_waits_then_parks_with_the_reason_and_no_request(world: World) -> None:
     held = [world.pool.acquire("robust", holder="another-run", ttl_s=60) for _ in PROXY_HOSTS]
     assert all(held)
+    fake = FakeTime()
+    lead_id = world.lead("one.example")
+    world.store.enqueue([("robust", lead_id)], origin="backfill:1", priority_class="backfill")
+    world.store.dispatch("robust", limit=1)
+    with pytest.raises(CollectionParked, match="leased by other collections for 5 s"):
+        _collector(world, fake).collect("robust", lead_id)
+    assert fake.now >= 5.0 and world.store.fetch_log() == []
+    assert world.store.park_reasons("robust") == {"all identities for robust leased by other collections for 5 s": 1}
+
+
+def test_a_collection_waits_for_an_identity_another_collection_releases_instead_of_parking(world: World) -> None:
+    held = [world.pool.acquire("robust", holder="another-run", ttl_s=60) for _ in PROXY_HOSTS]
+    fake = FakeTime(lambda slept: world.pool.release(held[0]) if len(slept) == 3 else None)
+    result = _collector(world, fake).collect("robust", world.lead("one.example"))
+    assert result.outcome == "ok" and result.identity_ids == [held[0].identity_id] and len(fake.slept) == 3
+
+
+def test_more_threads_than_identities_against_a_source_that_never_refuses_park_nothing(world: World) -> None:
+    leads = [world.lead(f"lead{i}.example") for i in range(12)]
+    world.store.enqueue([("robust", lead) for lead in leads], origin="backfill:1", priority_class="backfill")
+    world.store.dispatch("robust", limit=12)
+    with ThreadPoolExecutor(max_workers=6) as threads:  # 6 threads, 2 identities
+        results = list(threads.map(lambda lead: world.collector.collect("robust", lead, background=True), leads))
+    assert [r.outcome for r in results] == ["ok"] * 12
+    assert world.store.park_reasons() == {}
+
+
+def test_no_usable_identity_parks_at_once_with_the_reason(world: World, sandbox) -> None:
+    for identity_id in ("px_a", "px_b"):
+        lease = world.pool.acquire("robust", holder="flagging-run", ttl_s=60)
+        assert lease is not None and lease.identity_id == identity_id
+        world.pool.report(lease, "identity_fault", status=403)  # a hard block: straight to rest
+        world.pool.release(lease)
+    fake = FakeTime()
     with pytest.raises(CollectionParked, match="no identity available"):
-        world.collector.collect("robust", world.lead("one.example"))
-    assert world.store.fetch_log() == []
+        _collector(world, fake).collect("robust", world.lead("one.example"))
+    assert fake.slept == []  # nothing to wait for: none is merely busy
 
 
 def test_server_errors_do_not_hurt_the_identitys_health(world: World, sandbox) -> None:
