@@ -11,6 +11,7 @@ from investigations.catalog import load_catalog
 from investigations.config import Settings
 from resources.fleet import FleetResource
 from sensors.dead_letters import dead_letter_report
+from sensors.dead_runs import build_dead_runs_sensor
 from sensors.new_leads import build_new_lead_sensors
 from sensors.recurring import build_recurring_sensor
 
@@ -22,7 +23,8 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     return Definitions(
         assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters],
         jobs=[*jobs, fleet_report_job],
-        sensors=[*build_new_lead_sensors(catalog, jobs), build_recurring_sensor(catalog, jobs), dead_letter_report],
+        sensors=[*build_new_lead_sensors(catalog, jobs), build_recurring_sensor(catalog, jobs), dead_letter_report,
+                 build_dead_runs_sensor()],
         resources={"fleet": FleetResource()},
         # One lead per run does little work; the in-process executor halves each run's overhead.
         executor=in_process_executor,

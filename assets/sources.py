@@ -35,7 +35,7 @@ from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, so
 from assets.partitions import leads_partitions
 from investigations.dispatch import batch_size
 from investigations.collect import CollectionFailed, CollectionParked, CollectionResult
-from investigations.priority import BACKGROUND_NICENESS, BATCH_TAG, is_background
+from investigations.priority import BACKGROUND_NICENESS, HANDOVER_TAG, is_background
 from investigations.specs import SourceSpec
 from resources.fleet import FleetResource
 
@@ -203,15 +203,15 @@ def lower_cpu_priority_if_background(tags: Mapping[str, str]) -> None:
 
 
 def batch_members(context: AssetExecutionContext, fleet: FleetResource) -> list[str]:
-    """The leads this run collects: the members the dispatcher recorded for its batch that it still
-    owes (a step retry skips what the first attempt finished), else every partition of the run (one
-    lead, or a range launched from the UI)."""
-    batch = context.run.tags.get(BATCH_TAG)
+    """The leads this run collects: those the dispatcher handed it that it still owes (a retried
+    step or run skips what an earlier attempt finished), else every partition of the run (a lead or
+    a range launched from the UI)."""
+    handover = context.run.tags.get(HANDOVER_TAG)
     partitions = list(context.partition_keys)
-    if not batch:
+    if not handover:
         return partitions
     in_range = set(partitions)
-    return [lead for lead in fleet.store.batch_leads(batch) if lead in in_range]
+    return [lead for lead in fleet.store.handover_leads(handover) if lead in in_range]
 
 
 def freshness_policy_for(spec: SourceSpec) -> FreshnessPolicy:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from investigations.collect import LEASE_WAIT_S, lease_ttl_s
 from investigations.pacing import Circuits, jittered_start_s
 from investigations.priority import PriorityClass
 from investigations.specs import SourceCatalog, SourceSpec
@@ -37,8 +38,15 @@ BATCH_SECONDS = 90
 # How long a background run takes to start (launch, imports, resources) and to wind down its last
 # leads on a busy 2-core machine, during which other runs of the source must keep its lanes busy.
 RUN_OVERLAP_S = 15
-# A dispatched collection whose run never reported back goes back to the queue after this long.
+# A dispatched collection whose run never reported back goes back to the queue after this long (a
+# run that died is noticed much sooner, from Dagster's run records: see `release_dead_run`).
 STALE_DISPATCH = timedelta(minutes=30)
+# A collection whose runs died this many times without collecting it becomes a dead letter
+# (`crashed`): a lead that kills its run worker must not loop forever.
+MAX_RUN_DEATHS = 3
+# The longest one collection can take: every attempt timing out after the longest backoff, a
+# throttled wait up to parking, waiting for an identity; plus this margin.
+RUNTIME_MARGIN_S = 300.0
 BACKGROUND_CLASSES = (PriorityClass.RECURRING.value, PriorityClass.BACKFILL.value)
 
 
@@ -310,6 +318,35 @@ def plan_recurring(
                                priority_class=PriorityClass.RECURRING.value, not_before=start, now=now)
         plans.append(RecurringPlan(spec.name, window, len(due), queued))
     return plans
+
+
+def max_runtime_s(spec: SourceSpec, leads: int) -> int:
+    """How long a run of `leads` leads of `spec` may take before it counts as stuck and is stopped
+    (`dagster/max_runtime`): its leads at the slowest rate the source's lanes can be cut to (AIMD's
+    `min_factor`), across `concurrency` at once, plus the longest one collection can take."""
+    slowest_per_s = spec.rate.source_per_s * spec.throttle.min_factor
+    one_collection_s = lease_ttl_s(spec) + LEASE_WAIT_S
+    rounds = math.ceil(leads / spec.concurrency)
+    return int(max(leads / slowest_per_s, rounds * spec.timeout_s) + one_collection_s + RUNTIME_MARGIN_S)
+
+
+def release_dead_run(store: StateStore, handover_key: str, *, why: str, now: datetime | None = None
+                     ) -> tuple[int, list[QueuedCollection]]:
+    """A run that ended without collecting what it was handed (its worker killed, stuck and
+    stopped, terminated) gives those rows back: each goes back to the queue, to be handed over again
+    under a new run key, unless its runs died MAX_RUN_DEATHS times, when it becomes a dead letter
+    (`crashed`) that a human can requeue. Rows the run finished or parked are not touched. Returns
+    how many were requeued, and the rows dead-lettered."""
+    now = now or utcnow()
+    rows = store.handover_rows(handover_key)
+    spent = [row for row in rows if row.run_deaths + 1 >= MAX_RUN_DEATHS]
+    requeued = store.requeue_after_run_death([row.id for row in rows if row not in spent])
+    for row in spent:
+        store.put_dead_letter(source=row.source, lead_id=row.lead_id, reason_group="crashed", last_status=None,
+                              attempts=row.run_deaths + 1,
+                              last_error=f"{row.run_deaths + 1} run(s) ended without collecting it; last: {why}", now=now)
+        store.finish_dispatched(row.source, row.lead_id, outcome="failed", now=now)
+    return requeued, spent
 
 
 def order_from(positions: Mapping[str, int]) -> Callable[[str], int]:

@@ -31,9 +31,10 @@ BACKGROUND_TAG = "investigations/background"
 # Unix niceness of a background run's worker: on a busy machine the CPU goes to a fresh lead's run
 # first (a run start costs seconds of CPU); a batch waits on its rate lanes most of the time anyway.
 BACKGROUND_NICENESS = 10
-# A batch run names its batch here (the dispatcher's handover key); its members are the queue rows
-# recorded under that key, and its partition range is only the envelope around them.
-BATCH_TAG = "investigations/batch"
+# Every run the dispatcher requests carries its handover key here. A batch run's members are the
+# queue rows recorded under that key (its partition range is only the envelope around them), and a
+# run that died gives those rows back by it.
+HANDOVER_TAG = "investigations/handover"
 
 
 def run_tags(priority: PriorityClass) -> dict[str, str]:

@@ -45,10 +45,10 @@ from dagster import (
 from assets.jobs import SourceJob
 from assets.naming import job_name
 from assets.partitions import leads_partitions
-from investigations.dispatch import DispatchPlan, Handover, ingest, order_from, plan_dispatch
+from investigations.dispatch import DispatchPlan, Handover, ingest, max_runtime_s, order_from, plan_dispatch
 from investigations.pacing import Circuits
-from investigations.priority import BACKGROUND_TAG, BATCH_TAG, run_tags
-from investigations.specs import SourceCatalog
+from investigations.priority import BACKGROUND_TAG, HANDOVER_TAG, run_tags
+from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 from sensors.lead_partitions import ensure_partitions, sync_lead_partitions
@@ -74,13 +74,16 @@ IN_FLIGHT_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, Dag
                       DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
-def run_request_for(handover: Handover, order: Mapping[str, int]) -> RunRequest:
-    """The Dagster run of one handover. A single lead runs on its partition. A batch runs over the
-    partition range enveloping its leads (first..last in the `leads` partition order) and names the
-    batch in a tag; the run reads its members from the fleet's queue, and collects only those. The
-    run key is the handover's, new each time a collection is handed over again."""
+def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSpec) -> RunRequest:
+    """The Dagster run of one handover. A single lead runs on its partition; a batch over the
+    partition range enveloping its leads (first..last in the `leads` partition order). Either names
+    its handover in a tag: the run collects the leads recorded under it that it still owes, so a
+    retried run does not collect a lead twice, and a run that died gives them back by it. The run
+    key is the handover's, new each time a collection is handed over again. A run still going at
+    `dagster/max_runtime` is stuck: run monitoring stops it, and its leads go out again."""
     tags = {**run_tags(handover.priority_class), "investigations/source": handover.source,
-            "investigations/origin": handover.rows[0].origin}
+            "investigations/origin": handover.rows[0].origin, HANDOVER_TAG: handover.key,
+            "dagster/max_runtime": str(max_runtime_s(spec, len(handover.rows)))}
     if not handover.is_batch:
         row = handover.rows[0]
         tags["investigations/lead_id"] = row.lead_id
@@ -96,28 +99,26 @@ def run_request_for(handover: Handover, order: Mapping[str, int]) -> RunRequest:
             **tags,
             "dagster/asset_partition_range_start": leads[0],
             "dagster/asset_partition_range_end": leads[-1],
-            BATCH_TAG: handover.key,
             "investigations/batch_size": str(len(leads)),
         },
     )
 
 
 def run_requests_for(store: StateStore, instance: DagsterInstance, plan: DispatchPlan,
-                     order: Callable[[], Mapping[str, int]]) -> list[RunRequest]:
+                     order: Callable[[], Mapping[str, int]], catalog: SourceCatalog) -> list[RunRequest]:
     """The run requests of a dispatch plan. Every lead of a batch is made a partition first (a lead
-    registered after this tick's sync), and each batch's members are recorded under its key."""
+    registered after this tick's sync), and each handover's rows are recorded under its key."""
     handovers = plan.handovers
+    for handover in handovers:
+        store.assign_handover([row.id for row in handover.rows], handover_key=handover.key)
     if not any(handover.is_batch for handover in handovers):
-        return [run_request_for(handover, {}) for handover in handovers]
+        return [run_request_for(handover, {}, catalog.get(handover.source)) for handover in handovers]
     positions = order()
     batch_leads = [lead for handover in handovers if handover.is_batch for lead in handover.lead_ids]
     if ensure_partitions(instance, batch_leads, positions):
         order.cache_clear()  # type: ignore[attr-defined]
         positions = order()
-    for handover in handovers:
-        if handover.is_batch:
-            store.assign_batch([row.id for row in handover.rows], batch_key=handover.key)
-    return [run_request_for(handover, positions) for handover in handovers]
+    return [run_request_for(handover, positions, catalog.get(handover.source)) for handover in handovers]
 
 
 def partition_order_of(instance: DagsterInstance) -> Callable[[], Mapping[str, int]]:
@@ -224,7 +225,7 @@ def build_new_lead_sensor(
             plan = plan_dispatch(store, catalog, max_runs=MAX_RUNS_PER_TICK, circuits=Circuits(store),
                                  order=lambda lead: order_from(order())(lead),
                                  background_runs=background_runs_of(context.instance), background=primary)
-            run_requests, reasons = run_requests_for(store, context.instance, plan, order), plan.reasons
+            run_requests, reasons = run_requests_for(store, context.instance, plan, order, catalog), plan.reasons
             # Nothing to hand over (another sensor took it, say): wait on, unless the inbox has more.
             if run_requests or len(items) == MAX_INBOX_ROWS_PER_TICK:
                 break

@@ -46,7 +46,7 @@ def _qualified(conn: Connection, table: str, schema: str | None) -> str:
     return f"{quote.quote_schema(schema)}.{quote.quote(table)}" if schema else quote.quote(table)
 
 
-# `collection_queue` as version 2 created it; version 6 adds `batch_key` and `park_reason`.
+# `collection_queue` as version 2 created it; version 6 adds `handover_key`, `run_deaths` and `park_reason`.
 _COLLECTION_QUEUE_V2 = Table(
     "collection_queue",
     MetaData(),
@@ -88,14 +88,15 @@ def _add_lane_recent_sends(conn: Connection, schema: str | None) -> None:
     conn.execute(text(f"ALTER TABLE {lanes} ADD COLUMN recent_sends TEXT NOT NULL DEFAULT ''"))
 
 
-def _add_queue_batch_and_park_reason(conn: Connection, schema: str | None) -> None:
-    # Rows queued or dispatched before belong to no batch: a batch run of the old kind named its
+def _add_queue_handovers(conn: Connection, schema: str | None) -> None:
+    # Rows queued or dispatched before belong to no handover: a batch run of the old kind named its
     # members in a run tag, and none is left once the fleet restarts on this version.
     queue = _qualified(conn, "collection_queue", schema)
-    index = conn.dialect.identifier_preparer.quote("ix_queue_batch_key")
-    conn.execute(text(f"ALTER TABLE {queue} ADD COLUMN batch_key VARCHAR(64)"))
+    index = conn.dialect.identifier_preparer.quote("ix_queue_handover_key")
+    conn.execute(text(f"ALTER TABLE {queue} ADD COLUMN handover_key VARCHAR(200)"))
+    conn.execute(text(f"ALTER TABLE {queue} ADD COLUMN run_deaths INTEGER NOT NULL DEFAULT 0"))
     conn.execute(text(f"ALTER TABLE {queue} ADD COLUMN park_reason TEXT"))
-    conn.execute(text(f"CREATE INDEX {index} ON {queue} (batch_key)"))
+    conn.execute(text(f"CREATE INDEX {index} ON {queue} (handover_key)"))
 
 
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
@@ -110,7 +111,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     ),
     4: _add_lane_ceiling,
     5: _add_lane_recent_sends,
-    6: _add_queue_batch_and_park_reason,
+    6: _add_queue_handovers,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

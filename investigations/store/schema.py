@@ -205,14 +205,17 @@ collection_queue = Table(
     Column("dispatched_at", UTCDateTime, nullable=True),
     Column("finished_at", UTCDateTime, nullable=True),
     Column("outcome", String(16), nullable=True),
-    # Version 6: the batch run a dispatched row went out in (the handover's key). A batch run reads
-    # its members here rather than from a run tag, which would hold thousands of lead ids.
-    Column("batch_key", String(64), nullable=True),
-    # Version 6 too: why a parked collection waits (the limiter refused, a full lane, no identity).
+    # Version 6: the run a dispatched row went out in (the dispatcher's handover key, also the run's
+    # `investigations/handover` tag). A batch run reads its members here rather than from a run tag,
+    # which would hold thousands of lead ids; a run that died gives its rows back by this key.
+    Column("handover_key", String(200), nullable=True),
+    # How many runs this row went out in died without collecting it (worker killed, run stuck).
+    Column("run_deaths", Integer, nullable=False, server_default="0"),
+    # Why a parked collection waits (the limiter refused, a full lane, no identity).
     Column("park_reason", Text, nullable=True),
     UniqueConstraint("source", "lead_id", "origin", name="uq_queue_source_lead_origin"),
     Index("ix_queue_source_state", "source", "state", "not_before"),
-    Index("ix_queue_batch_key", "batch_key"),
+    Index("ix_queue_handover_key", "handover_key"),
 )
 
 

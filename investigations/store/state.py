@@ -74,6 +74,7 @@ class QueuedCollection:
     not_before: datetime
     enqueued_at: datetime
     dispatched_at: datetime | None
+    run_deaths: int = 0
 
 
 @dataclass(frozen=True)
@@ -470,24 +471,40 @@ class StateStore:
             if picked:
                 conn.execute(
                     q.update().where(q.c.id.in_([row["id"] for row in picked]))
-                    .values(state="dispatched", dispatched_at=now, batch_key=None)
+                    .values(state="dispatched", dispatched_at=now, handover_key=None)
                 )
         return [_queued({**row, "state": "dispatched", "dispatched_at": now}) for row in picked]
 
-    def assign_batch(self, row_ids: Sequence[int], *, batch_key: str) -> None:
-        """Name the batch run that dispatched rows go out in (see `batch_leads`)."""
+    def assign_handover(self, row_ids: Sequence[int], *, handover_key: str) -> None:
+        """Name the run that dispatched rows go out in (see `handover_leads`)."""
         q = s.collection_queue
         with self.engine.begin() as conn:
             for start in range(0, len(row_ids), 500):
-                conn.execute(q.update().where(q.c.id.in_(list(row_ids[start:start + 500]))).values(batch_key=batch_key))
+                conn.execute(q.update().where(q.c.id.in_(list(row_ids[start:start + 500])))
+                             .values(handover_key=handover_key))
 
-    def batch_leads(self, batch_key: str) -> list[str]:
-        """The leads a batch run still owes: its rows that are dispatched, in queue order. A lead the
-        batch already finished or parked, or that went out again in another run, is not among them."""
+    def handover_leads(self, handover_key: str) -> list[str]:
+        """The leads a run still owes: its rows that are dispatched, in queue order. A lead the run
+        already finished or parked, or that went out again in another run, is not among them."""
+        return list(dict.fromkeys(row.lead_id for row in self.handover_rows(handover_key)))
+
+    def handover_rows(self, handover_key: str) -> list[QueuedCollection]:
+        """The rows a run still owes (dispatched under its key), in queue order."""
         q = s.collection_queue
-        query = select(q.c.lead_id).where(q.c.batch_key == batch_key, q.c.state == "dispatched").order_by(q.c.id)
+        query = select(q).where(q.c.handover_key == handover_key, q.c.state == "dispatched").order_by(q.c.id)
         with self.engine.begin() as conn:
-            return list(dict.fromkeys(conn.scalars(query)))
+            return [_queued(dict(row)) for row in conn.execute(query).mappings()]
+
+    def requeue_after_run_death(self, row_ids: Sequence[int]) -> int:
+        """Dispatched rows whose run died go back to the queue, ready now, one more death counted."""
+        q = s.collection_queue
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                q.update().where(q.c.id.in_(list(row_ids)), q.c.state == "dispatched")
+                .values(state="queued", dispatched_at=None, handover_key=None, outcome="run_died",
+                        run_deaths=q.c.run_deaths + 1)
+            )
+        return result.rowcount
 
     def finish_dispatched(self, source: str, lead_id: str, *, outcome: str, now: datetime | None = None) -> int:
         """Close every dispatched row of (source, lead), and any queued duplicate it satisfied."""
@@ -510,7 +527,7 @@ class StateStore:
             result = conn.execute(
                 q.update()
                 .where(q.c.source == source, q.c.lead_id == lead_id, q.c.state == "dispatched")
-                .values(state="queued", not_before=until, dispatched_at=None, outcome="parked",
+                .values(state="queued", not_before=until, dispatched_at=None, handover_key=None, outcome="parked",
                         park_reason=reason[:500] if reason else None)
             )
         return result.rowcount
@@ -526,14 +543,15 @@ class StateStore:
             return {reason or "unknown": count for reason, count in conn.execute(query)}
 
     def release_stale_dispatches(self, *, older_than: datetime) -> int:
-        """Dispatched rows whose run never reported back (a lost tick, a killed worker) go back to
-        the queue; their run key is unchanged, so a run that did start is not started twice."""
+        """Dispatched rows whose run never reported back (a lost tick) go back to the queue. The
+        dispatcher hands them over again under a new run key (Dagster never starts a key twice); a
+        run that died is noticed sooner, from Dagster's run records (see `release_dead_run`)."""
         q = s.collection_queue
         with self.engine.begin() as conn:
             result = conn.execute(
                 q.update()
                 .where(q.c.state == "dispatched", q.c.dispatched_at < older_than)
-                .values(state="queued", dispatched_at=None)
+                .values(state="queued", dispatched_at=None, handover_key=None)
             )
         return result.rowcount
 

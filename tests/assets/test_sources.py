@@ -18,7 +18,7 @@ from investigations.catalog import load_catalog
 from investigations.config import Settings
 from investigations.leads import normalize_lead
 from investigations.pacing import Circuits
-from investigations.priority import BACKGROUND_NICENESS, BATCH_TAG, PriorityClass, run_tags
+from investigations.priority import BACKGROUND_NICENESS, HANDOVER_TAG, PriorityClass, run_tags
 from investigations.specs import parse_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
@@ -168,13 +168,13 @@ def test_a_batch_run_collects_only_its_member_leads_inside_the_envelope(world) -
     # As the dispatcher hands a batch over: its rows dispatched and recorded under the batch's key.
     store.enqueue([("robust", member) for member in members], origin="backfill:1", priority_class="backfill")
     rows = store.dispatch("robust", limit=10)
-    store.assign_batch([row.id for row in rows], batch_key="robust:batch:test")
+    store.assign_handover([row.id for row in rows], handover_key="robust:batch:test")
     result = materialize(
         [build_source_asset(spec)],
         instance=instance,
         resources={"fleet": FleetResource()},
         tags={"dagster/asset_partition_range_start": lead.id, "dagster/asset_partition_range_end": others[2].id,
-              BATCH_TAG: "robust:batch:test"},
+              HANDOVER_TAG: "robust:batch:test"},
     )
     assert sorted(m.partition for m in result.asset_materializations_for_node("sources__robust")) == sorted(members)
 

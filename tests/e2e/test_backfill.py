@@ -12,7 +12,7 @@ from assets.naming import source_asset_key
 from investigations.cli import main
 from investigations.demo import send_case
 from investigations.leads import normalize_lead
-from investigations.priority import BATCH_TAG
+from investigations.priority import HANDOVER_TAG
 from investigations.store import StateStore
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +60,7 @@ def test_leads_added_by_cli_and_intake_then_backfilled_run_in_whole_batches(flee
     assert {r.status for r in runs} == {DagsterRunStatus.SUCCESS}
     # One run per whole batch, not one per lead: the leads were partitions before their first run.
     assert len(runs) == math.ceil(queued / BATCH)
-    assert all(BATCH_TAG in r.tags for r in runs if r.tags.get("investigations/batch_size", "1") != "1")
+    assert all(HANDOVER_TAG in r.tags for r in runs if r.tags.get("investigations/batch_size", "1") != "1")
     partitions = set(instance.get_dynamic_partitions("leads"))
     assert {by_intake.id, *(lead.id for lead in by_cli)} <= partitions
     materialized = instance.get_materialized_partitions(source_asset_key("quiet"))

@@ -13,14 +13,17 @@ from assets.naming import job_name
 from investigations.leads import normalize_lead
 from investigations.pacing import Circuits, CircuitState
 from investigations.dispatch import (
+    MAX_RUN_DEATHS,
     background_runs_for,
     background_take,
     batch_size,
     circuit_gate,
     ingest,
+    max_runtime_s,
     order_from,
     plan_dispatch,
     plan_recurring,
+    release_dead_run,
     wanted_sources,
     window_of,
 )
@@ -252,11 +255,11 @@ def test_a_batch_run_reads_the_members_it_still_owes_from_the_queue(world) -> No
     leads = [f"domain-{i:016x}" for i in range(3)]
     store.enqueue([("robust", lead) for lead in leads], origin="bulk", priority_class="backfill", now=NOW)
     (batch,) = plan_dispatch(store, catalog, max_runs=5, now=NOW, order=order_from({})).handovers
-    store.assign_batch([row.id for row in batch.rows], batch_key=batch.key)
-    assert store.batch_leads(batch.key) == leads
+    store.assign_handover([row.id for row in batch.rows], handover_key=batch.key)
+    assert store.handover_leads(batch.key) == leads
     store.finish_dispatched("robust", leads[0], outcome="ok", now=NOW)
     store.park_dispatched("robust", leads[1], until=NOW)
-    assert store.batch_leads(batch.key) == [leads[2]]  # a retried step skips what is done or parked
+    assert store.handover_leads(batch.key) == [leads[2]]  # a retried step skips what is done or parked
 
 
 def _item(lead, *, sources, priority="interactive") -> InboxItem:
@@ -319,3 +322,46 @@ def test_the_circuit_gate_every_caller_uses(state, probe_in_s, room, closed) -> 
     gate = circuit_gate(OneCircuit(), "robust", now_s=100.0)  # type: ignore[arg-type]
     assert (gate.room, gate.closed) == (room, closed)
     assert (gate.reason is None) is closed
+
+
+def _handed_over(store, leads, *, key="robust:batch:dead"):
+    store.enqueue([("robust", lead) for lead in leads], origin="backfill:1", priority_class="backfill", now=NOW)
+    rows = store.dispatch("robust", limit=len(leads), now=NOW)
+    store.assign_handover([row.id for row in rows], handover_key=key)
+    return key
+
+
+def test_a_dead_run_gives_back_what_it_still_owed_and_nothing_it_finished(world) -> None:
+    _, store = world
+    key = _handed_over(store, ["domain-1", "domain-2", "domain-3"])
+    store.finish_dispatched("robust", "domain-1", outcome="ok", now=NOW)
+    requeued, spent = release_dead_run(store, key, why="run r1 FAILURE", now=NOW)
+    assert (requeued, spent) == (2, [])
+    assert store.handover_leads(key) == [] and store.queue_depths(now=NOW)["robust"]["ready"] == 2
+    assert release_dead_run(store, key, why="read again", now=NOW) == (0, [])  # idempotent
+
+
+def test_a_lead_whose_runs_keep_dying_becomes_a_crashed_dead_letter(world) -> None:
+    _, store = world
+    for death in range(1, MAX_RUN_DEATHS + 1):
+        key = _handed_over(store, ["domain-1"], key=f"robust:domain-1:{death}")
+        requeued, spent = release_dead_run(store, key, why=f"run r{death} FAILURE", now=NOW)
+        assert (requeued, len(spent)) == ((1, 0) if death < MAX_RUN_DEATHS else (0, 1))
+    (letter,) = store.dead_letters(source="robust")
+    assert letter.reason_group == "crashed" and letter.attempts == MAX_RUN_DEATHS and "r3 FAILURE" in letter.last_error
+    assert store.queue_depths(now=NOW).get("robust", {}).get("ready", 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("source_per_s", "leads", "at_least_s", "at_most_s"),
+    [
+        (10, 1, 300, 900),  # one lead: the longest single collection and the margin
+        (10, 900, 1800, 2700),  # 900 leads at 5 % of 10/s: 1,800 s
+        (30, 1000, 1670, 2400),  # 334 rounds of 3 leads, each answer at the 5 s timeout
+    ],
+)
+def test_a_run_s_max_runtime_covers_its_leads_at_the_slowest_throttled_rate(
+    world, source_per_s, leads, at_least_s, at_most_s
+) -> None:
+    catalog, _ = world
+    assert at_least_s <= max_runtime_s(_with_rate(catalog.get("robust"), source_per_s), leads) <= at_most_s

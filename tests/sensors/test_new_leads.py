@@ -11,7 +11,7 @@ from dagster import DagsterInstance, SensorResult, build_sensor_context
 from assets.jobs import build_source_job
 from assets.naming import job_name, pool_name
 from investigations.leads import normalize_lead
-from investigations.priority import BATCH_TAG, DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, PriorityClass
+from investigations.priority import HANDOVER_TAG, DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, PriorityClass
 from investigations.specs import load_sources
 from investigations.store import InboxItem, StateStore
 from resources.fleet import FleetResource
@@ -229,7 +229,7 @@ def test_interactive_work_is_dispatched_before_queued_backfill(world) -> None:
     first, batch = result.run_requests  # the fresh lead, then the background work as one batch
     assert first.partition_key == urgent.id and first.tags[PRIORITY_CLASS_TAG] == "interactive"
     assert int(batch.tags["dagster/priority"]) == DAGSTER_PRIORITY[PriorityClass.BACKFILL]
-    assert len(store.batch_leads(batch.tags[BATCH_TAG])) == 4
+    assert len(store.handover_leads(batch.tags[HANDOVER_TAG])) == 4
 
 
 def test_a_stale_dispatch_is_requested_again_under_a_new_run_key(world) -> None:
@@ -261,8 +261,8 @@ def test_leads_registered_outside_the_intake_join_the_partitions_and_go_out_as_o
     result = _evaluate(sensor, instance)
     assert set(instance.get_dynamic_partitions("leads")) == {lead.id for lead in leads}
     (batch,) = result.run_requests
-    assert batch.partition_key is None and batch.tags[BATCH_TAG] == batch.run_key
-    assert sorted(store.batch_leads(batch.tags[BATCH_TAG])) == sorted(lead.id for lead in leads)
+    assert batch.partition_key is None and batch.tags[HANDOVER_TAG] == batch.run_key
+    assert sorted(store.handover_leads(batch.tags[HANDOVER_TAG])) == sorted(lead.id for lead in leads)
     order = instance.get_dynamic_partitions("leads")
     assert {batch.tags["dagster/asset_partition_range_start"], batch.tags["dagster/asset_partition_range_end"]} == {
         order[0], order[-1]}

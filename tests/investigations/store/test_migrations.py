@@ -147,7 +147,7 @@ def v5_database(engine: Engine, database: tuple[str, str | None]) -> Engine:
     """A database left at version 5, with one queued collection written as version 5 code wrote it."""
     _, schema = database
     assert migrate(engine, schema=schema, version=5) == 5
-    assert "batch_key" not in [name for name, _ in queue_columns(engine, schema)]
+    assert "handover_key" not in [name for name, _ in queue_columns(engine, schema)]
     with engine.begin() as conn:
         conn.execute(s.collection_queue.insert().values(
             source="robust", lead_id="domain-1", origin="backfill:1", priority_class="backfill", state="queued",
@@ -163,5 +163,5 @@ def test_a_version_5_database_migrates_keeping_its_queue_whose_rows_belong_to_no
     assert queue_columns(v5_database, database[1]) == [(c.name, c.nullable) for c in s.collection_queue.columns]
     (row,) = store.dispatch("robust", limit=5, now=V5_AT)
     assert row.lead_id == "domain-1"
-    store.assign_batch([row.id], batch_key="robust:batch:1")
-    assert store.batch_leads("robust:batch:1") == ["domain-1"]
+    store.assign_handover([row.id], handover_key="robust:batch:1")
+    assert store.handover_leads("robust:batch:1") == ["domain-1"]

@@ -1,0 +1,65 @@
+"""Runs that ended without collecting what they were handed give it back to the fleet's queue.
+
+A run worker killed mid-batch, a run stuck in STARTING that run monitoring failed, a run stopped at
+its `dagster/max_runtime`, a terminated run: Dagster marks the run FAILURE or CANCELED, and the
+leads it still owed stay `dispatched` in the fleet's queue. Dagster's own run retries
+(`run_retries` in dagster.yaml) re-run a crashed run first, with the same handover, and the retry
+collects only what is still owed. Once a run ends for good (no retry coming), this sensor reads it
+from Dagster's run records and hands its rows to `investigations.dispatch.release_dead_run`: they go
+out again under a new run key within seconds, instead of after the 30-minute stale timer.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from dagster import (
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunsFilter,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    sensor,
+)
+
+from investigations.dispatch import release_dead_run
+from investigations.priority import HANDOVER_TAG
+from resources.fleet import FleetResource
+
+DEAD_RUNS_SENSOR = "requeue_dead_runs"
+INTERVAL_S = 5
+MAX_RUNS_PER_TICK = 200
+ENDED = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
+# Set by Dagster on a failed run that its run retries will re-run.
+WILL_RETRY_TAG = "dagster/will_retry"
+
+
+def build_dead_runs_sensor() -> SensorDefinition:
+    @sensor(name=DEAD_RUNS_SENSOR, minimum_interval_seconds=INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,
+            description="Gives the leads a failed or canceled collection run still owed back to the fleet's "
+            "queue (to be handed over again under a new run key), once Dagster's run retries are done; "
+            "a lead whose runs died 3 times becomes a `crashed` dead letter.")
+    def requeue_dead_runs(context: SensorEvaluationContext, fleet: FleetResource) -> SensorResult:
+        since = float(context.cursor) if context.cursor else datetime.now(UTC).timestamp() - 3600
+        records = context.instance.get_run_records(
+            RunsFilter(statuses=ENDED, updated_after=datetime.fromtimestamp(since, UTC)),
+            limit=MAX_RUNS_PER_TICK, order_by="update_timestamp", ascending=True,
+        )
+        cursor, notes = since, []
+        for record in records:
+            cursor = max(cursor, record.update_timestamp.timestamp())
+            run = record.dagster_run
+            handover = run.tags.get(HANDOVER_TAG)
+            if not handover or run.tags.get(WILL_RETRY_TAG) == "true":
+                continue
+            requeued, spent = release_dead_run(fleet.store, handover, why=f"run {run.run_id} {run.status.value}")
+            if requeued or spent:
+                notes.append(f"run {run.run_id} ({run.status.value}): {requeued} requeued, "
+                             f"{len(spent)} dead-lettered as crashed")
+        for note in notes:
+            context.log.info(note)
+        return SensorResult(skip_reason="; ".join(notes) or f"{len(records)} ended run(s), nothing owed",
+                            cursor=str(cursor))
+
+    return requeue_dead_runs

@@ -1,0 +1,63 @@
+"""A run that ended for good gives the leads it still owed back to the queue; a run being retried keeps them."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, SensorResult, build_sensor_context
+
+from assets.naming import job_name
+from investigations.priority import HANDOVER_TAG
+from investigations.store import StateStore
+from resources.fleet import FleetResource
+from sensors.dead_runs import build_dead_runs_sensor
+
+
+@pytest.fixture
+def world(sandbox_env):
+    store = StateStore.from_url(f"sqlite:///{sandbox_env / 'state.db'}")
+    yield store, DagsterInstance.ephemeral()
+    store.close()
+
+
+def _handed_over(store, lead, key):
+    store.enqueue([("robust", lead)], origin=f"inbox:{lead}", priority_class="interactive")
+    (row,) = store.dispatch("robust", limit=1)
+    store.assign_handover([row.id], handover_key=key)
+
+
+def _ended_run(instance, key, status, **tags):
+    run = DagsterRun(job_name=job_name("robust"), status=status, tags={HANDOVER_TAG: key, **tags})
+    instance.add_run(run)
+    return run
+
+
+def _tick(instance, cursor=None) -> SensorResult:
+    with build_sensor_context(instance=instance, cursor=cursor, resources={"fleet": FleetResource()}) as context:
+        return build_dead_runs_sensor()(context)
+
+
+def test_a_failed_run_s_leads_go_back_to_the_queue_and_a_retried_one_s_stay_with_the_retry(world) -> None:
+    store, instance = world
+    _handed_over(store, "domain-dead", "k-dead")
+    _handed_over(store, "domain-retried", "k-retried")
+    _handed_over(store, "domain-running", "k-running")
+    _ended_run(instance, "k-dead", DagsterRunStatus.FAILURE)
+    _ended_run(instance, "k-retried", DagsterRunStatus.FAILURE, **{"dagster/will_retry": "true"})
+    instance.add_run(DagsterRun(job_name=job_name("robust"), status=DagsterRunStatus.STARTED,
+                                tags={HANDOVER_TAG: "k-running"}))
+    result = _tick(instance)
+    assert store.handover_leads("k-dead") == []
+    assert store.handover_leads("k-retried") == ["domain-retried"]
+    assert store.handover_leads("k-running") == ["domain-running"]
+    assert store.queue_depths()["robust"]["ready"] == 1
+    assert "1 requeued" in result.skip_reason.skip_message
+
+
+def test_a_canceled_run_gives_its_leads_back_once(world) -> None:
+    store, instance = world
+    _handed_over(store, "domain-1", "k-1")
+    _ended_run(instance, "k-1", DagsterRunStatus.CANCELED)
+    first = _tick(instance)
+    again = _tick(instance, cursor=None)  # read from the start again: nothing twice
+    assert "1 requeued" in first.skip_reason.skip_message and "nothing owed" in again.skip_reason.skip_message
+    assert store.queue_depths()["robust"]["ready"] == 1
