@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -179,14 +180,15 @@ def create_intake_app(
     *,
     store: StateStore,
     catalog: SourceCatalog,
-    secret: str,
+    secret: str | Sequence[str],
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_leads: int = DEFAULT_MAX_LEADS,
 ) -> Starlette:
     """Build the intake ASGI app: `GET /healthz` and `POST /v1/leads` (see the module docstring).
 
-    The caller owns `store` and closes it; the app only borrows it. A bad `secret` (empty, or a
-    `whsec_` value that is not base64) raises ValueError here, at startup, rather than per request.
+    The caller owns `store` and closes it; the app only borrows it. `secret` may be a list: a
+    delivery signed with any of them is accepted (rotation). A bad secret (empty, or a `whsec_`
+    value that is not base64) raises ValueError here, at startup, rather than per request.
     """
     verifier = WebhookVerifier(secret)
 
@@ -295,7 +297,7 @@ def serve(settings: Settings | None = None, host: str = "127.0.0.1", port: int |
     unsigned leads would let anyone make the fleet fetch what they like.
     """
     settings = settings or Settings.from_env()
-    if not settings.webhook_secret:
+    if not settings.webhook_secrets:
         raise ConfigError(
             "INVESTIGATIONS_WEBHOOK_SECRET is not set; the intake needs the secret the case system signs "
             "its webhooks with (a 'whsec_<base64>' value or a plain passphrase)"
@@ -304,7 +306,7 @@ def serve(settings: Settings | None = None, host: str = "127.0.0.1", port: int |
     store = StateStore.from_url(settings.database_url)
     try:
         try:
-            app = create_intake_app(store=store, catalog=catalog, secret=settings.webhook_secret)
+            app = create_intake_app(store=store, catalog=catalog, secret=settings.webhook_secrets)
         except ValueError as exc:  # the message names the problem, never the secret
             raise ConfigError(f"INVESTIGATIONS_WEBHOOK_SECRET: {exc}") from None
         uvicorn.run(app, host=host, port=port or settings.intake_port, log_level="warning", access_log=False)

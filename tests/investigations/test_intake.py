@@ -336,3 +336,38 @@ def test_serve_without_a_secret_names_the_variable(tmp_path: Path) -> None:
     settings = Settings.from_env({"INVESTIGATIONS_DATA_DIR": str(tmp_path)})
     with pytest.raises(ConfigError, match="INVESTIGATIONS_WEBHOOK_SECRET"):
         serve(settings)
+
+
+OLD_SECRET = "whsec_" + base64.b64encode(b"intake-old-secret-0123456789").decode()
+NEW_SECRET = "whsec_" + base64.b64encode(b"intake-new-secret-9876543210").decode()
+
+
+@pytest.mark.parametrize(
+    ("signed_with", "webhook_id"),
+    [([OLD_SECRET], "msg_old"), ([NEW_SECRET], "msg_new"), ([NEW_SECRET, OLD_SECRET], "msg_both")],
+)
+def test_during_rotation_deliveries_signed_old_new_or_both_are_stored(
+    store: StateStore, catalog: SourceCatalog, signed_with: list[str], webhook_id: str
+) -> None:
+    env = {"INVESTIGATIONS_WEBHOOK_SECRET": f"{NEW_SECRET} {OLD_SECRET}"}
+    settings = Settings.from_env(env)
+    rotating = AsgiClient(create_intake_app(store=store, catalog=catalog, secret=settings.webhook_secrets))
+    body = json.dumps(GOOD).encode()
+    headers = sign_headers(signed_with, body, webhook_id=webhook_id)
+    response = rotating.post("/v1/leads", content=body, headers={**headers, "content-type": "application/json"})
+    assert response.status_code == 202
+    assert {row.webhook_id for row in rows(store)} == {webhook_id}
+
+
+def test_after_rotation_a_delivery_signed_with_the_retired_secret_is_401(
+    store: StateStore, catalog: SourceCatalog
+) -> None:
+    settings = Settings.from_env({"INVESTIGATIONS_WEBHOOK_SECRET": NEW_SECRET})
+    rotated = AsgiClient(create_intake_app(store=store, catalog=catalog, secret=settings.webhook_secrets))
+    assert post(rotated, GOOD, secret=OLD_SECRET).status_code == 401
+    assert rows(store) == []
+
+
+def test_the_first_listed_secret_is_the_one_the_fleet_signs_with() -> None:
+    settings = Settings.from_env({"INVESTIGATIONS_WEBHOOK_SECRET": f"{NEW_SECRET} {OLD_SECRET}"})
+    assert (settings.webhook_secret, settings.webhook_secrets) == (NEW_SECRET, (NEW_SECRET, OLD_SECRET))
