@@ -261,8 +261,7 @@ def resolve_checked(
         ip = ipaddress.ip_address(address)
         reason = address_reason(ip)
         if reason is not None and not allowance.allows_connection(host, port, ip):
-            what = f"{host} resolves to an address that" if literal is None else host
-            raise TargetRefused(f"{what} {reason.removeprefix('points at ')}" if literal is None else reason)
+            raise TargetRefused(reason if literal is not None else f"{host} resolves to {reason.removeprefix('points at ')}")
     return addresses
 
 
@@ -283,5 +282,5 @@ def resolved_private_reason(
     for info in infos:
         address = info[4][0]
         if reason := private_reason(str(address).split("%", 1)[0]):
-            return f"{host} resolves to an address that {reason.removeprefix('points at ')}"
+            return f"{host} resolves to {reason.removeprefix('points at ')}"
     return None

@@ -6,16 +6,19 @@ file, the source and the key named, so a typo never turns into a silently differ
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from investigations.leads import LEAD_KINDS
+from investigations.netguard import TargetAllowance, url_origin
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -94,11 +97,37 @@ class CircuitSpec(_Model):
 
 
 class RequestSpec(_Model):
-    """The request made for a lead. `url` may use {kind}, {value} (url-quoted) and {lead_id}."""
+    """The request made for a lead. `url` may use {kind}, {value} (url-quoted) and {lead_id}.
+
+    The SSRF guard lets this request reach a private address only at the origin (scheme, host,
+    port) `url` names, when its host has no placeholder, and in the CIDR blocks listed in
+    `private_networks` (for operators whose source lives in their own network and redirects within
+    it). Nothing else, a lead's value or a redirect included, widens that.
+    """
 
     url: str
     method: Literal["GET", "POST"] = "GET"
     headers: dict[str, str] = Field(default_factory=dict)
+    private_networks: tuple[str, ...] = ()
+
+    @field_validator("private_networks")
+    @classmethod
+    def _networks(cls, networks: tuple[str, ...]) -> tuple[str, ...]:
+        for network in networks:
+            try:
+                ipaddress.ip_network(network, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"private_networks entry {network!r} is not a CIDR block ({exc})") from None
+        return networks
+
+    @property
+    def allowance(self) -> TargetAllowance:
+        """What this request may reach on a private network (see the class docstring)."""
+        origins = []
+        netloc = urlsplit(self.url).netloc
+        if "{" not in netloc and (origin := url_origin(self.url)) is not None:
+            origins.append(origin)
+        return TargetAllowance.build(origins, [ipaddress.ip_network(n) for n in self.private_networks])
 
     @field_validator("url")
     @classmethod

@@ -225,3 +225,28 @@ def test_parse_duration_s_rejects_what_is_not_a_duration(value: object) -> None:
 
 def test_recrawl_every_in_the_file_becomes_seconds() -> None:
     assert parse(ALPHA + "    recrawl_every: 6h\n").get("alpha").recrawl_every_s == 21600.0
+
+
+# -- what a source may reach on a private network ---------------------------------------------------
+
+
+def test_a_source_allows_the_origin_of_its_url_only() -> None:
+    allowance = parse(ALPHA).get("alpha").request.allowance
+    assert allowance.origins == frozenset({("http", "127.0.0.1", 1)}) and allowance.networks == ()
+
+
+def test_a_url_whose_host_is_filled_in_from_the_lead_allows_no_origin() -> None:
+    text = ALPHA.replace(REQUEST_LINE, '    request: {url: "https://{value}/.well-known/security.txt"}\n')
+    assert parse(text).get("alpha").request.allowance.origins == frozenset()
+
+
+def test_private_networks_are_read_as_cidr_blocks() -> None:
+    text = ALPHA.replace(REQUEST_LINE, REQUEST_LINE.replace('"}', '", private_networks: ["10.20.0.0/16", "fd00:1::/64"]}'))
+    networks = parse(text).get("alpha").request.allowance.networks
+    assert [str(n) for n in networks] == ["10.20.0.0/16", "fd00:1::/64"]
+
+
+def test_a_private_network_that_is_not_a_cidr_block_fails_naming_the_key() -> None:
+    text = ALPHA.replace(REQUEST_LINE, REQUEST_LINE.replace('"}', '", private_networks: ["10.20.0.1/16"]}'))
+    message = spec_error(text)
+    assert "source 'alpha': key 'request.private_networks'" in message and "not a CIDR block" in message
