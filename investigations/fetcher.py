@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
-from urllib.parse import unquote_plus, urljoin, urlsplit, urlunsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 import httpx
 
@@ -35,6 +34,7 @@ from investigations.identities import CookieStore, IdentityPool, IdentityVerdict
 from investigations.netguard import Resolver, TargetAllowance, TargetRefused, resolve_checked, system_resolve, url_reason
 from investigations.pacing import LaneSpec, RateLanes, identity_lane, source_lane
 from investigations.pinning import PinnedTransport, allowance_scope
+from investigations.redaction import install_log_redaction, redact, redact_url, register_secret
 from investigations.specs import SourceSpec
 
 if TYPE_CHECKING:  # adapters import redact_url from here; the dependency stays one-way at runtime
@@ -51,8 +51,6 @@ TURN_MAX_INTERVALS = 20
 # A send that waited more than this many of the source's intervals had other identities ahead of it
 # (alone, an identity waits at most one: its own previous slot).
 TURN_BEHIND_INTERVALS = 1.5
-_SECRET_NAME_PARTS = ("key", "token", "secret", "password", "passwd", "sig", "auth")
-_URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _BAD_LOCATION = "Invalid URL in location header"  # httpx's message when a Location cannot be parsed
 
@@ -134,39 +132,13 @@ class _Attempt:
     proxy_failed: bool = False  # the identity's own proxy could not be reached
 
 
-def redact_url(url: str) -> str:
-    """`url` safe to log or store: no user:password, and secret-looking query values as `***`."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(unparseable url)"
-    netloc = parts.netloc.rpartition("@")[2]
-    query = "&".join(_redact_param(piece) for piece in parts.query.split("&")) if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _redact_param(piece: str) -> str:
-    name, eq, _ = piece.partition("=")
-    lowered = unquote_plus(name).lower()
-    if eq and any(part in lowered for part in _SECRET_NAME_PARTS):
-        return f"{name}=***"
-    return piece
-
-
 def _redact_text(text: str) -> str:
     # Exception messages sometimes quote the url they failed on.
-    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group()), text)
+    return redact(text)
 
 
-class _RedactUrlsFilter(logging.Filter):
-    """httpx logs every request's full URL at INFO; a source key in a query string would go with it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = _redact_text(record.getMessage()), ()
-        return True
-
-
-logging.getLogger("httpx").addFilter(_RedactUrlsFilter())
+# httpx logs every request's full URL at INFO; a source key in its path or query would go with it.
+install_log_redaction()
 
 
 def _utc_now() -> datetime:
@@ -255,6 +227,11 @@ class Fetcher:
             if client is None:
                 identity = lease.identity
                 proxy = identity.proxy()
+                if proxy is not None:
+                    # The proxy password is sent on every request through it; never written anywhere.
+                    password = urlsplit(proxy).password
+                    register_secret(password)
+                    register_secret(unquote(password) if password else None)
                 # Through a proxy the proxy resolves the target; a direct identity is pinned.
                 transport = self._transport
                 if transport is None and proxy is None:

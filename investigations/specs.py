@@ -12,13 +12,14 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from investigations.leads import LEAD_KINDS
 from investigations.netguard import TargetAllowance, url_origin
+from investigations.redaction import register_secret
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -298,17 +299,21 @@ def parse_sources(text: str, *, origin: str = "sources.yaml", env: Mapping[str, 
     if not isinstance(defaults, dict):
         raise SpecError(f"{origin}: `defaults:` must be a mapping")
     entries = []
+    secrets: list[str] = []
     for index, entry in enumerate(raw["sources"]):
         label = entry.get("name", f"#{index + 1}") if isinstance(entry, dict) else f"#{index + 1}"
         if not isinstance(entry, dict):
             raise SpecError(f"{origin}: source {label}: expected a mapping of settings")
         try:
-            entries.append(_expand_env(_merge(defaults, entry), env, path=()))
+            entries.append(_expand_env(_merge(defaults, entry), env, path=(), secrets=secrets))
         except _EnvMissing as exc:
             raise SpecError(f"{origin}: source {label!r}: key {exc.key!r}: {exc}") from None
     problems = [_parse_block_problems(origin, entry) for entry in entries]
     if any(problems):
         raise SpecError("\n".join(line for lines in problems for line in lines))
+    # Registered before validation, so even an error message quoting a value is redacted.
+    for value in secrets:
+        register_secret(value)
     try:
         return SourceCatalog.model_validate({"sources": entries})
     except ValidationError as exc:
@@ -370,24 +375,43 @@ class _EnvMissing(KeyError):
         return f"environment variable {self.var} is not set and has no default"
 
 
-def _expand_env(value: Any, env: Mapping[str, str], path: tuple[str, ...]) -> Any:
-    """Expand `${VAR}` and `${VAR:-default}` in strings; secrets never need to live in the file."""
+def _expand_env(value: Any, env: Mapping[str, str], path: tuple[str, ...], secrets: list[str] | None = None) -> Any:
+    """Expand `${VAR}` and `${VAR:-default}` in strings; secrets never need to live in the file.
+
+    Every value taken from the environment into a source's request is appended to `secrets` (if given)
+    (redacted by value wherever the fleet writes, whatever its place or name), except a base URL
+    that starts `request.url`: that is where the source is, not a key. Its password, if it has one,
+    is still a secret. A default written in the file is not a secret.
+    """
     if isinstance(value, dict):
-        return {k: _expand_env(v, env, (*path, str(k))) for k, v in value.items()}
+        return {k: _expand_env(v, env, (*path, str(k)), secrets) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand_env(v, env, path) for v in value]
+        return [_expand_env(v, env, path, secrets) for v in value]
     if isinstance(value, str):
 
         def sub(match: re.Match[str]) -> str:
             var, default = match.group(1), match.group(2)
             if var in env and env[var] != "":
-                return env[var]
+                found = env[var]
+                if secrets is not None and path[:1] == ("request",):
+                    if path == ("request", "url") and match.start() == 0:
+                        secrets.append(_url_password(found))
+                    else:
+                        secrets.append(found)
+                return found
             if default is None:
                 raise _EnvMissing(".".join(path), var)
             return default
 
         return _ENV_REF.sub(sub, value)
     return value
+
+
+def _url_password(url: str) -> str:
+    try:
+        return unquote(urlsplit(url).password or "")
+    except ValueError:
+        return url  # not a URL after all: keep all of it secret
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

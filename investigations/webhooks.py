@@ -28,6 +28,8 @@ from math import floor
 from typing import Final
 
 from standardwebhooks import Webhook
+
+from investigations.redaction import register_secret
 from standardwebhooks.webhooks import WebhookVerificationError
 
 SECRET_PREFIX: Final = "whsec_"
@@ -63,6 +65,8 @@ def secret_key(secret: str) -> bytes:
     """
     if not isinstance(secret, str) or not secret:
         raise ValueError("webhook secret must be a non-empty string")
+    register_secret(secret)  # never written anywhere, in either form
+    register_secret(secret.removeprefix(SECRET_PREFIX))
     if not secret.startswith(SECRET_PREFIX):
         return secret.encode("utf-8")
     encoded = secret.removeprefix(SECRET_PREFIX)
