@@ -18,6 +18,7 @@ the proxy's connection is not pinned here: see the README's SSRF guard notes.
 from __future__ import annotations
 
 import contextvars
+import ssl
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -95,7 +96,7 @@ class PinnedTransport(httpx.HTTPTransport):
         self,
         *,
         resolve: Resolver = system_resolve,
-        verify: bool = True,
+        verify: ssl.SSLContext | bool = True,
         limits: httpx.Limits | None = None,
         inner: httpcore.NetworkBackend | None = None,
     ) -> None:
