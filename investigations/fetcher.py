@@ -3,6 +3,9 @@
 `Fetcher.fetch` sends one planned request with retries: each attempt follows redirects by hand
 (every hop checked against the SSRF guard), is logged as exactly one `FetchEvent`, and is judged by
 the pure decisions in `classify`. Clock, sleep and randomness are injected so tests are exact.
+Direct connections go through the pinned transport (`pinning`): a name is resolved once, every
+address checked, and a checked address dialled, so DNS rebinding cannot move a connection inward.
+What a source may reach on a private network is its own origin and `request.private_networks`.
 
 A request goes out as an identity. Given a `Lease` from the identity pool, the fetcher sends through
 that identity's own HTTP client (its proxy, its fingerprint's headers in their order, its cookie jar
@@ -14,7 +17,6 @@ Without a lease (no identities file) it sends as the one `direct` identity, with
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time

@@ -18,7 +18,6 @@ import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -180,14 +179,17 @@ class TargetAllowance:
 
     origins: frozenset[tuple[str, str, int]] = frozenset()
     networks: tuple[IPNetwork, ...] = ()
-    # Hosts of `origins`, so the connection layer (which sees host and port, not the scheme) knows
-    # that a configured private name may resolve privately at those ports.
-    _host_ports: frozenset[tuple[str, int]] = field(default=frozenset(), repr=False)
+    # Hosts and ports of `origins`, for the connection layer, which sees host and port but not
+    # the scheme: a configured private name may resolve privately at those ports.
+    _host_ports: frozenset[tuple[str, int]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_host_ports", frozenset((h, p) for _, h, p in self.origins))
 
     @classmethod
     def build(cls, origins: Iterable[tuple[str, str, int]] = (), networks: Iterable[IPNetwork] = ()) -> TargetAllowance:
-        origin_set = frozenset((s, h.lower().strip("[]"), p) for s, h, p in origins)
-        return cls(origin_set, tuple(networks), frozenset((h, p) for _, h, p in origin_set))
+        """An allowance from origins as written (host case and IPv6 brackets normalized) and networks."""
+        return cls(frozenset((s.lower(), h.lower().strip("[]"), p) for s, h, p in origins), tuple(networks))
 
     def allows_origin(self, url: str) -> bool:
         """True when `url`'s origin is one configuration named."""
@@ -263,24 +265,3 @@ def resolve_checked(
         if reason is not None and not allowance.allows_connection(host, port, ip):
             raise TargetRefused(reason if literal is not None else f"{host} resolves to {reason.removeprefix('points at ')}")
     return addresses
-
-
-def resolved_private_reason(
-    host: str, *, resolve: Callable[..., list[Any]] = socket.getaddrinfo
-) -> str | None:
-    """Why a public-looking name is still not a public target: it resolves to a private address.
-
-    For checks that cannot pin the address (a proxy resolves the name itself); a name that does
-    not resolve is left to fail at connect time.
-    """
-    if parse_ip(host) is not None:
-        return private_reason(host)
-    try:
-        infos = resolve(host, None)
-    except (OSError, UnicodeError):
-        return None
-    for info in infos:
-        address = info[4][0]
-        if reason := private_reason(str(address).split("%", 1)[0]):
-            return f"{host} resolves to {reason.removeprefix('points at ')}"
-    return None
