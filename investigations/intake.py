@@ -32,6 +32,7 @@ from starlette.routing import Route
 from investigations.config import ConfigError, Settings
 from investigations.leads import Lead, LeadError, normalize_lead
 from investigations.priority import PriorityClass
+from investigations.redaction import install_log_redaction
 from investigations.specs import SourceCatalog, load_sources
 from investigations.store.state import AcceptResult, StateStore
 from investigations.webhooks import HEADER_ID, WebhookAuthError, WebhookVerifier
@@ -199,7 +200,8 @@ def create_intake_app(
     delivery signed with any of them is accepted (rotation). A bad secret (empty, or a `whsec_`
     value that is not base64) raises ValueError here, at startup, rather than per request.
     """
-    verifier = WebhookVerifier(secret)
+    verifier = WebhookVerifier(secret)  # registers the secrets for redaction, too
+    install_log_redaction()
 
     async def healthz(request: Request) -> Response:
         try:
