@@ -19,9 +19,10 @@ import anyio
 import httpx
 import pytest
 
-from investigations.adapters import PlannedRequest
+from investigations.adapters import PlannedRequest, build_adapter
 from investigations.fetcher import Fetcher, FetchFailed
 from investigations.intake import create_intake_app
+from investigations.leads import Lead
 from investigations.specs import SourceSpec, parse_sources
 from investigations.store import StateStore
 from investigations.webhooks import sign_headers
@@ -130,6 +131,24 @@ def test_a_url_filled_in_from_a_lead_at_an_internal_address_is_refused_and_reach
         fleet.fetch(spec_at(source.url), PlannedRequest("GET", url, {}), lead_id="url-1")
     assert_refused_once(failed)
     assert (internal[0].connections, internal[1].connections, source.connections) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.1", "2130706433", "0x7f000001", "0177.0.0.1", "0.0.0.0",
+                                  "localhost", "internal-service", "innocent.example"])
+def test_a_template_whose_host_is_the_lead_refuses_an_internal_lead_and_reaches_nothing(
+    internal: tuple[Listener, Listener], host: str
+) -> None:
+    # The lead is built as stored, not through the intake's check: the fetcher must refuse on its own.
+    spec = SourceSpec.model_validate({
+        "name": "by_host", "adapter": "json_api", "lead_kinds": ["domain"],
+        "request": {"url": f"http://{{value}}:{internal[0].port}/.well-known/security.txt"},
+        "retry": {"attempts": 3, "base_delay_s": 0.01, "max_delay_s": 0.02},
+    })
+    [planned] = build_adapter(spec).requests_for(Lead("domain", host))
+    with fetcher(resolve=lambda name, port: ["127.0.0.1"]) as fleet, pytest.raises(FetchFailed) as failed:
+        fleet.fetch(spec, planned, lead_id="domain-1")
+    assert_refused_once(failed)
+    assert (internal[0].connections, internal[1].connections) == (0, 0)
 
 
 @pytest.mark.parametrize("form", range(12), ids=FORM_IDS)
