@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import ssl
+import threading
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,11 +86,12 @@ class PinnedBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-class PinnedTransport(httpx.HTTPTransport):
-    """`httpx.HTTPTransport` (HTTP/1.1, no proxy) whose connections go through `PinnedBackend`.
+class PinnedTransport(httpx.BaseTransport):
+    """An httpx transport (HTTP/1.1, no proxy) whose connections go through `PinnedBackend`.
 
-    httpx has no public way to hand its transport a network backend, so the connection pool it
-    builds is replaced by httpcore's own `ConnectionPool` with the same settings and the backend.
+    Connections are kept per allowance: a connection opened where one source's allowance let a
+    private address through is never reused for a request under another allowance, which would
+    have to check (and refuse) that address itself.
     """
 
     def __init__(
@@ -100,7 +102,38 @@ class PinnedTransport(httpx.HTTPTransport):
         limits: httpx.Limits | None = None,
         inner: httpcore.NetworkBackend | None = None,
     ) -> None:
-        limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
+        self._resolve, self._verify, self._inner = resolve, verify, inner
+        self._limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
+        self._pools: dict[TargetAllowance, _PoolTransport] = {}
+        self._lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        allowance = _ALLOWANCE.get()
+        with self._lock:
+            pool = self._pools.get(allowance)
+            if pool is None:
+                pool = self._pools[allowance] = _PoolTransport(
+                    resolve=self._resolve, verify=self._verify, limits=self._limits, inner=self._inner)
+        return pool.handle_request(request)
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
+
+
+class _PoolTransport(httpx.HTTPTransport):
+    """`httpx.HTTPTransport` whose connection pool dials through `PinnedBackend`.
+
+    httpx has no public way to hand its transport a network backend, so the connection pool it
+    builds is replaced by httpcore's own `ConnectionPool` with the same settings and the backend.
+    """
+
+    def __init__(
+        self, *, resolve: Resolver, verify: ssl.SSLContext | bool, limits: httpx.Limits,
+        inner: httpcore.NetworkBackend | None,
+    ) -> None:
         super().__init__(verify=verify, trust_env=False, limits=limits)
         self._pool.close()  # the pool httpx built holds no connection yet; it is replaced whole
         self._pool = httpcore.ConnectionPool(

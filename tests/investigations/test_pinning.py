@@ -32,6 +32,8 @@ class TlsListener:
         listener = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep connections alive, as real servers do
+
             def do_GET(self) -> None:  # noqa: N802 - the http.server interface
                 listener.hosts.append(self.headers.get("Host", ""))
                 self.send_response(200)
@@ -101,3 +103,12 @@ def test_the_next_checked_address_is_tried_when_the_first_refuses_the_connection
     # 127.0.0.4 has no listener: its connection is refused, and 127.0.0.3 (also checked) answers.
     with client(lambda host, port: ["127.0.0.4", "127.0.0.3"]) as http, allowance_scope(allowance):
         assert http.get(f"https://tls.example:{tls_listener.port}/").status_code == 200
+
+
+def test_a_connection_an_allowance_opened_is_not_reused_under_another(tls_listener: TlsListener) -> None:
+    with client(lambda host, port: ["127.0.0.3"]) as http:
+        with allowance_scope(PUBLIC_STAND_IN):
+            assert http.get(f"https://tls.example:{tls_listener.port}/").status_code == 200  # kept alive
+        with pytest.raises(TargetRefused, match="loopback"):
+            http.get(f"https://tls.example:{tls_listener.port}/")  # no allowance: checked again, refused
+    assert len(tls_listener.hosts) == 1
