@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from investigations.webhooks import parse_secrets
+
 DEFAULT_DATA_DIR = ".investigations"
 DEFAULT_SOURCES_FILE = "sources.yaml"
 DEFAULT_INTAKE_PORT = 8700
@@ -28,7 +30,8 @@ class Settings:
     database_url: str
     sources_path: Path
     identities_path: Path | None
-    webhook_secret: str | None
+    # Every secret a delivery may be signed with (several during a rotation); the first signs.
+    webhook_secrets: tuple[str, ...]
     intake_port: int
     sandbox_port: int
     ui_port: int
@@ -45,11 +48,16 @@ class Settings:
             database_url=database_url,
             sources_path=Path(env.get("INVESTIGATIONS_SOURCES") or DEFAULT_SOURCES_FILE).resolve(),
             identities_path=Path(identities).resolve() if identities else None,
-            webhook_secret=env.get("INVESTIGATIONS_WEBHOOK_SECRET") or None,
+            webhook_secrets=tuple(parse_secrets(env.get("INVESTIGATIONS_WEBHOOK_SECRET") or "")),
             intake_port=_port(env, "INVESTIGATIONS_INTAKE_PORT", DEFAULT_INTAKE_PORT),
             sandbox_port=_port(env, "INVESTIGATIONS_SANDBOX_PORT", DEFAULT_SANDBOX_PORT),
             ui_port=_port(env, "INVESTIGATIONS_UI_PORT", DEFAULT_UI_PORT),
         )
+
+    @property
+    def webhook_secret(self) -> str | None:
+        """The secret this fleet's own sender (the demo case) signs with: the first one listed."""
+        return self.webhook_secrets[0] if self.webhook_secrets else None
 
     @property
     def records_dir(self) -> Path:

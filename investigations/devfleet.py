@@ -116,7 +116,8 @@ def run_demo_fleet(project_root: Path, *, send_demo: bool = True) -> int:
         wait_http(f"{intake_url}/healthz", timeout_s=30, procs=procs)
         wait_http(f"{ui_url}/server_info", timeout_s=120, procs=procs)
         if send_demo:
-            answer = send_case(intake_url, env["INVESTIGATIONS_WEBHOOK_SECRET"], demo_body())
+            # The first of the listed secrets signs (several are listed during a rotation).
+            answer = send_case(intake_url, settings.webhook_secrets[0], demo_body())
             print(f"demo case sent to the intake: HTTP {answer.status_code} {answer.text[:200]}", flush=True)
         print(
             f"\nThe fleet is up.\n  Dagster UI   {ui_url}  (Runs, Assets > sources)\n"

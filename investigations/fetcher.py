@@ -3,6 +3,9 @@
 `Fetcher.fetch` sends one planned request with retries: each attempt follows redirects by hand
 (every hop checked against the SSRF guard), is logged as exactly one `FetchEvent`, and is judged by
 the pure decisions in `classify`. Clock, sleep and randomness are injected so tests are exact.
+Direct connections go through the pinned transport (`pinning`): a name is resolved once, every
+address checked, and a checked address dialled, so DNS rebinding cannot move a connection inward.
+What a source may reach on a private network is its own origin and `request.private_networks`.
 
 A request goes out as an identity. Given a `Lease` from the identity pool, the fetcher sends through
 that identity's own HTTP client (its proxy, its fingerprint's headers in their order, its cookie jar
@@ -14,9 +17,7 @@ Without a lease (no identities file) it sends as the one `direct` identity, with
 
 from __future__ import annotations
 
-import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,15 +26,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
-from urllib.parse import unquote_plus, urljoin, urlsplit, urlunsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 import httpx
 
 from investigations.classify import backoff_delay_s, classify, next_step, parse_retry_after_s
 from investigations.events import FetchEvent, Outcome
 from investigations.identities import CookieStore, IdentityPool, IdentityVerdict, Lease, classify_for_identity
-from investigations.netguard import private_reason, resolved_private_reason
+from investigations.netguard import Resolver, TargetAllowance, TargetRefused, resolve_checked, system_resolve, url_reason
 from investigations.pacing import LaneSpec, RateLanes, identity_lane, source_lane
+from investigations.pinning import PinnedTransport, allowance_scope
+from investigations.redaction import install_log_redaction, redact, redact_url, register_secret
 from investigations.specs import SourceSpec
 
 if TYPE_CHECKING:  # adapters import redact_url from here; the dependency stays one-way at runtime
@@ -50,9 +53,8 @@ TURN_MAX_INTERVALS = 20
 # A send that waited more than this many of the source's intervals had other identities ahead of it
 # (alone, an identity waits at most one: its own previous slot).
 TURN_BEHIND_INTERVALS = 1.5
-_SECRET_NAME_PARTS = ("key", "token", "secret", "password", "passwd", "sig", "auth")
-_URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_BAD_LOCATION = "Invalid URL in location header"  # httpx's message when a Location cannot be parsed
 
 
 class FetchLogSink(Protocol):
@@ -132,39 +134,13 @@ class _Attempt:
     proxy_failed: bool = False  # the identity's own proxy could not be reached
 
 
-def redact_url(url: str) -> str:
-    """`url` safe to log or store: no user:password, and secret-looking query values as `***`."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(unparseable url)"
-    netloc = parts.netloc.rpartition("@")[2]
-    query = "&".join(_redact_param(piece) for piece in parts.query.split("&")) if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _redact_param(piece: str) -> str:
-    name, eq, _ = piece.partition("=")
-    lowered = unquote_plus(name).lower()
-    if eq and any(part in lowered for part in _SECRET_NAME_PARTS):
-        return f"{name}=***"
-    return piece
-
-
 def _redact_text(text: str) -> str:
     # Exception messages sometimes quote the url they failed on.
-    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group()), text)
+    return redact(text)
 
 
-class _RedactUrlsFilter(logging.Filter):
-    """httpx logs every request's full URL at INFO; a source key in a query string would go with it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = _redact_text(record.getMessage()), ()
-        return True
-
-
-logging.getLogger("httpx").addFilter(_RedactUrlsFilter())
+# httpx logs every request's full URL at INFO; a source key in its path or query would go with it.
+install_log_redaction()
 
 
 def _utc_now() -> datetime:
@@ -196,8 +172,10 @@ class Fetcher:
         max_lane_wait_s: float = 30.0,
         pool: IdentityPool | None = None,
         cookies: CookieStore | None = None,
+        resolve: Resolver = system_resolve,
     ) -> None:
         self._sink = sink
+        self._resolve = resolve
         self._lanes = lanes
         self.pool = pool
         self.cookies = cookies
@@ -211,9 +189,12 @@ class Fetcher:
         self._max_body_bytes = max_body_bytes
         # Redirects are followed here, hop by hop, so each hop passes the target guard. trust_env is
         # off so proxy variables and .netrc never change the identity or add credentials unseen.
+        # Without a given transport (tests give one), direct connections go through the pinned
+        # transport: the name is resolved once and a checked address is dialled.
         self._transport = transport
         self._client = httpx.Client(
-            transport=transport, follow_redirects=False, trust_env=False, headers={"User-Agent": user_agent}
+            transport=transport if transport is not None else PinnedTransport(resolve=resolve),
+            follow_redirects=False, trust_env=False, headers={"User-Agent": user_agent},
         )
         self._identity_clients: dict[str, httpx.Client] = {}
         self._clients_lock = threading.Lock()
@@ -247,9 +228,19 @@ class Fetcher:
             client = self._identity_clients.get(lease.identity_id)
             if client is None:
                 identity = lease.identity
+                proxy = identity.proxy()
+                if proxy is not None:
+                    # The proxy password is sent on every request through it; never written anywhere.
+                    password = urlsplit(proxy).password
+                    register_secret(password)
+                    register_secret(unquote(password) if password else None)
+                # Through a proxy the proxy resolves the target; a direct identity is pinned.
+                transport = self._transport
+                if transport is None and proxy is None:
+                    transport = PinnedTransport(resolve=self._resolve)
                 client = httpx.Client(
-                    transport=self._transport,  # only where no proxy is set: a proxy mount takes precedence
-                    proxy=identity.proxy(),
+                    transport=transport,  # only where no proxy is set: a proxy mount takes precedence
+                    proxy=proxy,
                     follow_redirects=False,
                     trust_env=False,
                     headers=identity.fingerprint.ordered_headers(),
@@ -438,7 +429,7 @@ class Fetcher:
         self, spec: SourceSpec, request: PlannedRequest, client: httpx.Client, *, proxied: bool
     ) -> _Attempt:
         """One attempt: the request and its redirects, each hop guarded. Never raises for HTTP trouble."""
-        trusted_host = (urlsplit(spec.request.url).hostname or "").lower()
+        allowance = spec.request.allowance
         origin = _origin(request.url)
         method, url, headers = request.method, request.url, dict(request.headers)
         started = self._clock()
@@ -447,7 +438,7 @@ class Fetcher:
             return (self._clock() - started) * 1000.0
 
         for hop in range(self._max_redirects + 1):
-            if reason := _refusal(url, trusted_host):
+            if reason := self._refusal(url, allowance, proxied=proxied):
                 # No status: the refused url was never asked (an earlier hop's 3xx is not its answer).
                 error = f"refused {redact_url(url)}: {reason}"
                 return _Attempt(url, None, Outcome.PERMANENT, b"", {}, elapsed_ms(), error, refused=True)
@@ -455,9 +446,20 @@ class Fetcher:
                 # Source headers may carry an API key; they are for the configured origin only.
                 headers = {}
             try:
-                status, response_headers, body, error = self._send(client, method, url, headers,
-                                                                   timeout_s=spec.timeout_s)
+                with allowance_scope(allowance):
+                    status, response_headers, body, error = self._send(client, method, url, headers,
+                                                                       timeout_s=spec.timeout_s)
+            except TargetRefused as exc:
+                # The name resolved to an address the guard refuses: nothing was sent. A refused
+                # target is permanent (a retry would resolve the same name again), never retried.
+                error = f"refused {redact_url(url)}: {exc}"
+                return _Attempt(url, None, Outcome.PERMANENT, b"", {}, elapsed_ms(), error, refused=True)
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                if isinstance(exc, httpx.RemoteProtocolError) and str(exc).startswith(_BAD_LOCATION):
+                    # httpx parses every Location while reading the answer and refuses one it cannot
+                    # read (`0177.0.0.1`): a redirect hop that cannot be checked is refused, not retried.
+                    error = f"refused a redirect from {redact_url(url)}: its location is not a valid url"
+                    return _Attempt(url, None, Outcome.PERMANENT, b"", {}, elapsed_ms(), error, refused=True)
                 error = _redact_text(f"{type(exc).__name__}: {exc}")
                 timed_out = isinstance(exc, httpx.TimeoutException)
                 # Through a forward proxy, failing to connect at all means the proxy is unreachable
@@ -480,6 +482,25 @@ class Fetcher:
                 outcome, error = Outcome.BLOCKED, f"HTTP {status} with a block page"
             return _Attempt(url, status, outcome, body, response_headers, elapsed_ms(), error or _status_error(status, outcome))
         raise AssertionError("unreachable: the loop returns on its last hop")
+
+    def _refusal(self, url: str, allowance: TargetAllowance, *, proxied: bool) -> str | None:
+        """Why `url` must not be fetched, or None. Its literal form is judged here; a direct
+        connection's resolved addresses are judged where it is opened (PinnedTransport). Through
+        a proxy, which resolves the name itself, the fleet's own resolution is checked as well:
+        the best it can do, since the proxy may get another answer."""
+        if reason := url_reason(url, allowance):
+            return reason
+        if not proxied or allowance.allows_origin(url):
+            return None
+        parts = urlsplit(url)
+        try:
+            resolve_checked(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
+                            allowance=allowance, resolve=self._resolve)
+        except TargetRefused as exc:
+            return str(exc)
+        except OSError:
+            return None  # the proxy will say it cannot reach the name
+        return None
 
     def _send(
         self, client: httpx.Client, method: str, url: str, headers: dict[str, str], *, timeout_s: float
@@ -506,20 +527,6 @@ def _identity_verdict(spec: SourceSpec, result: _Attempt) -> IdentityVerdict:
 
 def _is_block_page(spec: SourceSpec, status: int, body: bytes) -> bool:
     return classify_for_identity(status, body, spec.block_markers) == "identity_fault"
-
-
-def _refusal(url: str, trusted_host: str) -> str | None:
-    """Why `url` must not be fetched, or None. The configured template host is trusted config."""
-    try:
-        parts = urlsplit(url)
-        host = (parts.hostname or "").lower()
-    except ValueError:
-        return "has an invalid host"
-    if parts.scheme not in ("http", "https"):
-        return f"uses scheme {parts.scheme!r}, not http or https"
-    if host and host == trusted_host:
-        return None
-    return private_reason(host) or resolved_private_reason(host)
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

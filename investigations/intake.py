@@ -1,6 +1,7 @@
 """The webhook intake: where the case system hands the fleet new leads (`investigations intake`).
 
-One delivery goes through, in order: a size cap (413) on the raw bytes, the Standard Webhooks
+One delivery goes through, in order: a cap on its headers (431), a deadline for its body (408, so a
+sender that stops halfway holds nothing open), a size cap (413) on the raw bytes, the Standard Webhooks
 signature over those same bytes (401), JSON parsing (400), validation of the whole delivery (422),
 and one state-store transaction (503 if the store fails). Only after that transaction commits does
 the case system get its 202, so a 2xx always means "stored".
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import anyio
 import uvicorn
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
@@ -29,6 +32,7 @@ from starlette.routing import Route
 from investigations.config import ConfigError, Settings
 from investigations.leads import Lead, LeadError, normalize_lead
 from investigations.priority import PriorityClass
+from investigations.redaction import install_log_redaction
 from investigations.specs import SourceCatalog, load_sources
 from investigations.store.state import AcceptResult, StateStore
 from investigations.webhooks import HEADER_ID, WebhookAuthError, WebhookVerifier
@@ -37,6 +41,11 @@ logger = logging.getLogger("investigations.intake")
 
 DEFAULT_MAX_BODY_BYTES: Final = 1_000_000
 DEFAULT_MAX_LEADS: Final = 1000
+# A delivery's headers are a handful of short lines; 16 KiB is room for a proxy's additions too.
+DEFAULT_MAX_HEADER_BYTES: Final = 16_384
+# The whole body must arrive within this: a 1 MB body takes well under a second on any link a case
+# system uses, and a sender that stalls mid-body must not hold a connection and a task forever.
+DEFAULT_BODY_TIMEOUT_S: Final = 10.0
 MAX_CASE_ID_CHARS: Final = 200  # the width of cases.case_id and inbox.case_id
 MAX_WEBHOOK_ID_CHARS: Final = 200  # the width of inbox.webhook_id
 _BODY_KEYS: Final = frozenset({"case_id", "leads", "sources", "priority"})
@@ -179,16 +188,20 @@ def create_intake_app(
     *,
     store: StateStore,
     catalog: SourceCatalog,
-    secret: str,
+    secret: str | Sequence[str],
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_leads: int = DEFAULT_MAX_LEADS,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> Starlette:
     """Build the intake ASGI app: `GET /healthz` and `POST /v1/leads` (see the module docstring).
 
-    The caller owns `store` and closes it; the app only borrows it. A bad `secret` (empty, or a
-    `whsec_` value that is not base64) raises ValueError here, at startup, rather than per request.
+    The caller owns `store` and closes it; the app only borrows it. `secret` may be a list: a
+    delivery signed with any of them is accepted (rotation). A bad secret (empty, or a `whsec_`
+    value that is not base64) raises ValueError here, at startup, rather than per request.
     """
-    verifier = WebhookVerifier(secret)
+    verifier = WebhookVerifier(secret)  # registers the secrets for redaction, too
+    install_log_redaction()
 
     async def healthz(request: Request) -> Response:
         try:
@@ -199,12 +212,21 @@ def create_intake_app(
         return JSONResponse({"status": "ok"})
 
     async def post_leads(request: Request) -> Response:
+        header_bytes = sum(len(name) + len(value) + 4 for name, value in request.headers.raw)
+        if header_bytes > max_header_bytes:
+            logger.warning("delivery rejected status=431 header_bytes=%d max_header_bytes=%d",
+                           header_bytes, max_header_bytes)
+            return _error(431, f"request headers larger than {max_header_bytes} bytes", close=True)
         claimed_id = request.headers.get(HEADER_ID, "")  # unverified until the signature checks out
         try:
-            body = await _read_body(request, max_body_bytes)
+            with anyio.fail_after(body_timeout_s):
+                body = await _read_body(request, max_body_bytes)
         except ClientDisconnect:
             logger.info("delivery abandoned webhook_id=%r: the sender disconnected mid-body", claimed_id)
             return Response(status_code=400)  # nobody is left to read it
+        except TimeoutError:
+            logger.warning("delivery rejected webhook_id=%r status=408 body_timeout_s=%g", claimed_id, body_timeout_s)
+            return _error(408, f"body not received within {body_timeout_s:g} s", close=True)
         if body is None:
             logger.warning(
                 "delivery rejected webhook_id=%r status=413 max_body_bytes=%d", claimed_id, max_body_bytes
@@ -295,7 +317,7 @@ def serve(settings: Settings | None = None, host: str = "127.0.0.1", port: int |
     unsigned leads would let anyone make the fleet fetch what they like.
     """
     settings = settings or Settings.from_env()
-    if not settings.webhook_secret:
+    if not settings.webhook_secrets:
         raise ConfigError(
             "INVESTIGATIONS_WEBHOOK_SECRET is not set; the intake needs the secret the case system signs "
             "its webhooks with (a 'whsec_<base64>' value or a plain passphrase)"
@@ -304,10 +326,10 @@ def serve(settings: Settings | None = None, host: str = "127.0.0.1", port: int |
     store = StateStore.from_url(settings.database_url)
     try:
         try:
-            app = create_intake_app(store=store, catalog=catalog, secret=settings.webhook_secret)
+            app = create_intake_app(store=store, catalog=catalog, secret=settings.webhook_secrets)
         except ValueError as exc:  # the message names the problem, never the secret
             raise ConfigError(f"INVESTIGATIONS_WEBHOOK_SECRET: {exc}") from None
-        uvicorn.run(app, host=host, port=port or settings.intake_port, log_level="warning", access_log=False)
+        uvicorn.Server(server_config(app, host=host, port=port or settings.intake_port)).run()
     finally:
         store.close()
 
@@ -343,5 +365,19 @@ async def _read_body(request: Request, max_body_bytes: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, *, close: bool = False) -> JSONResponse:
+    # `close`: the rest of the request may still be on the wire; the connection cannot be reused.
+    return JSONResponse({"error": message}, status_code=status, headers={"Connection": "close"} if close else None)
+
+
+def server_config(app: Starlette, *, host: str, port: int,
+                  max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES) -> uvicorn.Config:
+    """The uvicorn settings the intake is served with (`serve`, and the tests' real listener).
+
+    h11 is chosen explicitly because it bounds the header block it buffers: past twice the app's
+    own cap the server answers 400 itself without buffering more, and up to it the app answers 431.
+    """
+    return uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, http="h11",
+        h11_max_incomplete_event_size=2 * max_header_bytes,
+    )

@@ -6,16 +6,20 @@ file, the source and the key named, so a typo never turns into a silently differ
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from investigations.leads import LEAD_KINDS
+from investigations.netguard import TargetAllowance, url_origin
+from investigations.redaction import register_secret
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -94,11 +98,37 @@ class CircuitSpec(_Model):
 
 
 class RequestSpec(_Model):
-    """The request made for a lead. `url` may use {kind}, {value} (url-quoted) and {lead_id}."""
+    """The request made for a lead. `url` may use {kind}, {value} (url-quoted) and {lead_id}.
+
+    The SSRF guard lets this request reach a private address only at the origin (scheme, host,
+    port) `url` names, when its host has no placeholder, and in the CIDR blocks listed in
+    `private_networks` (for operators whose source lives in their own network and redirects within
+    it). Nothing else, a lead's value or a redirect included, widens that.
+    """
 
     url: str
     method: Literal["GET", "POST"] = "GET"
     headers: dict[str, str] = Field(default_factory=dict)
+    private_networks: tuple[str, ...] = ()
+
+    @field_validator("private_networks")
+    @classmethod
+    def _networks(cls, networks: tuple[str, ...]) -> tuple[str, ...]:
+        for network in networks:
+            try:
+                ipaddress.ip_network(network, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"private_networks entry {network!r} is not a CIDR block ({exc})") from None
+        return networks
+
+    @property
+    def allowance(self) -> TargetAllowance:
+        """What this request may reach on a private network (see the class docstring)."""
+        origins = []
+        netloc = urlsplit(self.url).netloc
+        if "{" not in netloc and (origin := url_origin(self.url)) is not None:
+            origins.append(origin)
+        return TargetAllowance.build(origins, [ipaddress.ip_network(n) for n in self.private_networks])
 
     @field_validator("url")
     @classmethod
@@ -270,17 +300,21 @@ def parse_sources(text: str, *, origin: str = "sources.yaml", env: Mapping[str, 
     if not isinstance(defaults, dict):
         raise SpecError(f"{origin}: `defaults:` must be a mapping")
     entries = []
+    secrets: list[str] = []
     for index, entry in enumerate(raw["sources"]):
         label = entry.get("name", f"#{index + 1}") if isinstance(entry, dict) else f"#{index + 1}"
         if not isinstance(entry, dict):
             raise SpecError(f"{origin}: source {label}: expected a mapping of settings")
         try:
-            entries.append(_expand_env(_merge(defaults, entry), env, path=()))
+            entries.append(_expand_env(_merge(defaults, entry), env, path=(), secrets=secrets))
         except _EnvMissing as exc:
             raise SpecError(f"{origin}: source {label!r}: key {exc.key!r}: {exc}") from None
     problems = [_parse_block_problems(origin, entry) for entry in entries]
     if any(problems):
         raise SpecError("\n".join(line for lines in problems for line in lines))
+    # Registered before validation, so even an error message quoting a value is redacted.
+    for value in secrets:
+        register_secret(value)
     try:
         return SourceCatalog.model_validate({"sources": entries})
     except ValidationError as exc:
@@ -342,24 +376,43 @@ class _EnvMissing(KeyError):
         return f"environment variable {self.var} is not set and has no default"
 
 
-def _expand_env(value: Any, env: Mapping[str, str], path: tuple[str, ...]) -> Any:
-    """Expand `${VAR}` and `${VAR:-default}` in strings; secrets never need to live in the file."""
+def _expand_env(value: Any, env: Mapping[str, str], path: tuple[str, ...], secrets: list[str] | None = None) -> Any:
+    """Expand `${VAR}` and `${VAR:-default}` in strings; secrets never need to live in the file.
+
+    Every value taken from the environment into a source's request is appended to `secrets` (if given)
+    (redacted by value wherever the fleet writes, whatever its place or name), except a base URL
+    that starts `request.url`: that is where the source is, not a key. Its password, if it has one,
+    is still a secret. A default written in the file is not a secret.
+    """
     if isinstance(value, dict):
-        return {k: _expand_env(v, env, (*path, str(k))) for k, v in value.items()}
+        return {k: _expand_env(v, env, (*path, str(k)), secrets) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand_env(v, env, path) for v in value]
+        return [_expand_env(v, env, path, secrets) for v in value]
     if isinstance(value, str):
 
         def sub(match: re.Match[str]) -> str:
             var, default = match.group(1), match.group(2)
             if var in env and env[var] != "":
-                return env[var]
+                found = env[var]
+                if secrets is not None and path[:1] == ("request",):
+                    if path == ("request", "url") and match.start() == 0:
+                        secrets.append(_url_password(found))
+                    else:
+                        secrets.append(found)
+                return found
             if default is None:
                 raise _EnvMissing(".".join(path), var)
             return default
 
         return _ENV_REF.sub(sub, value)
     return value
+
+
+def _url_password(url: str) -> str:
+    try:
+        return unquote(urlsplit(url).password or "")
+    except ValueError:
+        return url  # not a URL after all: keep all of it secret
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

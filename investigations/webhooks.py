@@ -11,6 +11,10 @@ Secrets come in two forms, and both sides (sender and intake) read them the same
   base64-encoded and given as `whsec_<base64(secret)>`. This lets an operator set
   `INVESTIGATIONS_WEBHOOK_SECRET` to a plain passphrase.
 No message or repr of this module ever contains the secret.
+
+Rotation: the verifier takes several secrets and accepts a delivery signed with any of them, and a
+sender in rotation may sign with several at once (Standard Webhooks puts one `v1,<sig>` per secret,
+space-separated, in `webhook-signature`). `parse_secrets` reads the environment's space-separated list.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from math import floor
 from typing import Final
 
 from standardwebhooks import Webhook
+
+from investigations.redaction import register_secret
 from standardwebhooks.webhooks import WebhookVerificationError
 
 SECRET_PREFIX: Final = "whsec_"
@@ -59,6 +65,8 @@ def secret_key(secret: str) -> bytes:
     """
     if not isinstance(secret, str) or not secret:
         raise ValueError("webhook secret must be a non-empty string")
+    register_secret(secret)  # never written anywhere, in either form
+    register_secret(secret.removeprefix(SECRET_PREFIX))
     if not secret.startswith(SECRET_PREFIX):
         return secret.encode("utf-8")
     encoded = secret.removeprefix(SECRET_PREFIX)
@@ -73,51 +81,79 @@ def secret_key(secret: str) -> bytes:
     return key
 
 
+def parse_secrets(value: str) -> list[str]:
+    """The secrets in a space-separated list (`"whsec_new whsec_old"`), in order, without duplicates.
+
+    Whitespace separates secrets, so a plain passphrase cannot contain any (its `whsec_` form can
+    carry any bytes). The first secret is the one a sender of this fleet (the demo) signs with.
+    """
+    return list(dict.fromkeys(value.split()))
+
+
 class WebhookVerifier:
-    """Checks Standard Webhooks signatures with one secret; safe to share between threads."""
+    """Checks Standard Webhooks signatures against one or more secrets (rotation); thread-safe."""
 
-    __slots__ = ("_webhook",)
+    __slots__ = ("_webhooks",)
 
-    def __init__(self, secret: str) -> None:
-        self._webhook = Webhook(secret_key(secret))
+    def __init__(self, secrets: str | Sequence[str]) -> None:
+        listed = [secrets] if isinstance(secrets, str) else list(secrets)
+        if not listed:
+            raise ValueError("at least one webhook secret is needed")
+        self._webhooks = [Webhook(secret_key(secret)) for secret in listed]
 
     def __repr__(self) -> str:
-        return "WebhookVerifier(secret=<redacted>)"
+        return f"WebhookVerifier(secrets=<{len(self._webhooks)} redacted>)"
 
     def verify(self, body: bytes, headers: Mapping[str, str]) -> None:
         """Verify the signature over the raw `body`; raise WebhookAuthError with the reason if not valid.
 
         Header names are matched case-insensitively. The timestamp must be within the package's
         tolerance (five minutes either way), which bounds how long a captured delivery can be replayed.
-        Only WebhookAuthError ever leaves this method.
+        A signature made with any of the verifier's secrets passes. Only WebhookAuthError ever
+        leaves this method.
         """
         picked = _signature_headers(headers)
         missing = [name for name in SIGNATURE_HEADERS if not picked.get(name)]
         if missing:
             raise WebhookAuthError(f"missing header {', '.join(missing)}")
-        try:
-            self._webhook.verify(body, picked, json_parse=False)
-        except WebhookVerificationError as exc:
-            raise WebhookAuthError(_REASONS.get(str(exc), "signature verification failed")) from None
-        except UnicodeDecodeError:
-            # The package signs text; a body that is not UTF-8 cannot have been signed by it.
-            raise WebhookAuthError("body is not UTF-8 text") from None
-        except ValueError:  # includes binascii.Error: a signature entry without ',' or with bad base64
-            raise WebhookAuthError("malformed webhook-signature header") from None
-        except Exception:  # noqa: BLE001 - the contract is "only WebhookAuthError", whatever the package does
-            raise WebhookAuthError("signature verification failed") from None
+        reason = "no matching signature"
+        for webhook in self._webhooks:
+            try:
+                webhook.verify(body, picked, json_parse=False)
+                return
+            except WebhookVerificationError as exc:
+                reason = _REASONS.get(str(exc), "signature verification failed")
+                if reason != "no matching signature":
+                    break  # a stale timestamp or bad header is the same for every secret
+            except Exception as exc:  # noqa: BLE001 - classified below, only WebhookAuthError leaves
+                raise WebhookAuthError(_malformed_reason(exc)) from None
+        raise WebhookAuthError(reason)
+
+
+def _malformed_reason(exc: Exception) -> str:
+    """Why the package could not even compare signatures, in the sender's terms."""
+    if isinstance(exc, UnicodeDecodeError):
+        # The package signs text; a body that is not UTF-8 cannot have been signed by it.
+        return "body is not UTF-8 text"
+    if isinstance(exc, ValueError):  # includes binascii.Error: an entry without ',' or with bad base64
+        return "malformed webhook-signature header"
+    return "signature verification failed"
 
 
 def sign_headers(
-    secret: str, body: bytes, *, webhook_id: str | None = None, timestamp: datetime | None = None
+    secret: str | Sequence[str], body: bytes, *, webhook_id: str | None = None,
+    timestamp: datetime | None = None,
 ) -> dict[str, str]:
-    """Standard Webhooks headers for sending `body` signed with `secret` (demo sender, tests, benches).
+    """Standard Webhooks headers for sending `body` signed with `secret` (demo sender, tests, benches);
+    given several secrets (a sender in rotation), one signature per secret, space-separated.
 
     `webhook_id` defaults to a fresh `msg_<uuid>`; `timestamp` defaults to now (a naive datetime is
     taken as UTC). Redelivering the same event must reuse its `webhook_id`: that id is what makes the
     intake idempotent.
     """
-    webhook = Webhook(secret_key(secret))
+    webhooks = [Webhook(secret_key(one)) for one in ([secret] if isinstance(secret, str) else secret)]
+    if not webhooks:
+        raise ValueError("at least one webhook secret is needed")
     msg_id = webhook_id or f"msg_{uuid.uuid4().hex}"
     if timestamp is None:
         when = datetime.now(UTC)
@@ -133,7 +169,7 @@ def sign_headers(
     return {
         HEADER_ID: msg_id,
         HEADER_TIMESTAMP: str(floor(when.timestamp())),
-        HEADER_SIGNATURE: webhook.sign(msg_id, when, text),
+        HEADER_SIGNATURE: " ".join(webhook.sign(msg_id, when, text) for webhook in webhooks),
     }
 
 

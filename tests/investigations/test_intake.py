@@ -6,6 +6,9 @@ import base64
 import json
 import logging
 import shutil
+import socket
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,10 +17,11 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import uvicorn
 from starlette.applications import Starlette
 
 from investigations.config import ConfigError, Settings
-from investigations.intake import create_intake_app, parse_delivery, serve
+from investigations.intake import create_intake_app, parse_delivery, serve, server_config
 from investigations.leads import normalize_lead
 from investigations.specs import SourceCatalog, parse_sources
 from investigations.store.state import StateStore
@@ -336,3 +340,111 @@ def test_serve_without_a_secret_names_the_variable(tmp_path: Path) -> None:
     settings = Settings.from_env({"INVESTIGATIONS_DATA_DIR": str(tmp_path)})
     with pytest.raises(ConfigError, match="INVESTIGATIONS_WEBHOOK_SECRET"):
         serve(settings)
+
+
+OLD_SECRET = "whsec_" + base64.b64encode(b"intake-old-secret-0123456789").decode()
+NEW_SECRET = "whsec_" + base64.b64encode(b"intake-new-secret-9876543210").decode()
+
+
+@pytest.mark.parametrize(
+    ("signed_with", "webhook_id"),
+    [([OLD_SECRET], "msg_old"), ([NEW_SECRET], "msg_new"), ([NEW_SECRET, OLD_SECRET], "msg_both")],
+)
+def test_during_rotation_deliveries_signed_old_new_or_both_are_stored(
+    store: StateStore, catalog: SourceCatalog, signed_with: list[str], webhook_id: str
+) -> None:
+    env = {"INVESTIGATIONS_WEBHOOK_SECRET": f"{NEW_SECRET} {OLD_SECRET}"}
+    settings = Settings.from_env(env)
+    rotating = AsgiClient(create_intake_app(store=store, catalog=catalog, secret=settings.webhook_secrets))
+    body = json.dumps(GOOD).encode()
+    headers = sign_headers(signed_with, body, webhook_id=webhook_id)
+    response = rotating.post("/v1/leads", content=body, headers={**headers, "content-type": "application/json"})
+    assert response.status_code == 202
+    assert {row.webhook_id for row in rows(store)} == {webhook_id}
+
+
+def test_after_rotation_a_delivery_signed_with_the_retired_secret_is_401(
+    store: StateStore, catalog: SourceCatalog
+) -> None:
+    settings = Settings.from_env({"INVESTIGATIONS_WEBHOOK_SECRET": NEW_SECRET})
+    rotated = AsgiClient(create_intake_app(store=store, catalog=catalog, secret=settings.webhook_secrets))
+    assert post(rotated, GOOD, secret=OLD_SECRET).status_code == 401
+    assert rows(store) == []
+
+
+def test_the_first_listed_secret_is_the_one_the_fleet_signs_with() -> None:
+    settings = Settings.from_env({"INVESTIGATIONS_WEBHOOK_SECRET": f"{NEW_SECRET} {OLD_SECRET}"})
+    assert (settings.webhook_secret, settings.webhook_secrets) == (NEW_SECRET, (NEW_SECRET, OLD_SECRET))
+
+
+class RealIntake:
+    """The intake served by uvicorn with the production settings, on a loopback port, in a thread."""
+
+    def __init__(self, app: Starlette, max_header_bytes: int) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(server_config(app, host="127.0.0.1", port=self.port,
+                                                   max_header_bytes=max_header_bytes))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the intake did not start"
+            time.sleep(0.01)
+
+    def exchange(self, raw: bytes, *, wait_s: float = 5.0) -> bytes:
+        """Send `raw` and return what the server answers before it closes or `wait_s` passes."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=wait_s) as conn:
+            conn.sendall(raw)
+            answer = b""
+            try:
+                while chunk := conn.recv(65536):
+                    answer += chunk
+            except (TimeoutError, ConnectionResetError):
+                pass
+            return answer
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def real_intake(store: StateStore, catalog: SourceCatalog) -> Iterator[RealIntake]:
+    app = create_intake_app(store=store, catalog=catalog, secret=SECRET, max_header_bytes=2048, body_timeout_s=0.5)
+    intake = RealIntake(app, max_header_bytes=2048)
+    yield intake
+    intake.stop()
+
+
+def test_a_body_that_stops_halfway_is_408_within_the_body_timeout(real_intake: RealIntake, store: StateStore) -> None:
+    body = json.dumps(GOOD).encode()
+    head = "".join(f"{name}: {value}\r\n" for name, value in sign_headers(SECRET, body).items())
+    raw = (f"POST /v1/leads HTTP/1.1\r\nHost: intake\r\nContent-Length: {len(body)}\r\n{head}\r\n").encode()
+    started = time.monotonic()
+    answer = real_intake.exchange(raw + body[: len(body) // 2])
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert time.monotonic() - started < 3  # the 0.5 s deadline, not the client's 5 s patience
+    assert rows(store) == []
+
+
+def test_headers_over_the_cap_are_431(real_intake: RealIntake, store: StateStore) -> None:
+    raw = b"POST /v1/leads HTTP/1.1\r\nHost: intake\r\nX-Padding: " + b"a" * 3000 + b"\r\nContent-Length: 2\r\n\r\n{}"
+    assert real_intake.exchange(raw).startswith(b"HTTP/1.1 431 ")
+    assert rows(store) == []
+
+
+def test_endless_headers_are_refused_by_the_server_with_400_not_buffered(real_intake: RealIntake) -> None:
+    # Headers that never end: the server stops buffering at twice the cap instead of waiting for more.
+    raw = b"POST /v1/leads HTTP/1.1\r\nHost: intake\r\n" + b"X-Padding: aaaaaaaaaaaaaaaaaaaa\r\n" * 2000
+    assert real_intake.exchange(raw).startswith(b"HTTP/1.1 400 ")
+
+
+def test_a_delivery_within_the_limits_is_accepted_by_the_real_server(real_intake: RealIntake, store: StateStore) -> None:
+    body = json.dumps(GOOD).encode()
+    head = "".join(f"{name}: {value}\r\n" for name, value in sign_headers(SECRET, body).items())
+    raw = (f"POST /v1/leads HTTP/1.1\r\nHost: intake\r\nConnection: close\r\n"
+           f"Content-Length: {len(body)}\r\n{head}\r\n").encode()
+    assert real_intake.exchange(raw + body).startswith(b"HTTP/1.1 202 ")
+    assert len(rows(store)) == 3

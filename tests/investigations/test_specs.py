@@ -225,3 +225,50 @@ def test_parse_duration_s_rejects_what_is_not_a_duration(value: object) -> None:
 
 def test_recrawl_every_in_the_file_becomes_seconds() -> None:
     assert parse(ALPHA + "    recrawl_every: 6h\n").get("alpha").recrawl_every_s == 21600.0
+
+
+# -- what a source may reach on a private network ---------------------------------------------------
+
+
+def test_a_source_allows_the_origin_of_its_url_only() -> None:
+    allowance = parse(ALPHA).get("alpha").request.allowance
+    assert allowance.origins == frozenset({("http", "127.0.0.1", 1)}) and allowance.networks == ()
+
+
+def test_a_url_whose_host_is_filled_in_from_the_lead_allows_no_origin() -> None:
+    text = ALPHA.replace(REQUEST_LINE, '    request: {url: "https://{value}/.well-known/security.txt"}\n')
+    assert parse(text).get("alpha").request.allowance.origins == frozenset()
+
+
+def test_private_networks_are_read_as_cidr_blocks() -> None:
+    text = ALPHA.replace(REQUEST_LINE, REQUEST_LINE.replace('"}', '", private_networks: ["10.20.0.0/16", "fd00:1::/64"]}'))
+    networks = parse(text).get("alpha").request.allowance.networks
+    assert [str(n) for n in networks] == ["10.20.0.0/16", "fd00:1::/64"]
+
+
+def test_a_private_network_that_is_not_a_cidr_block_fails_naming_the_key() -> None:
+    text = ALPHA.replace(REQUEST_LINE, REQUEST_LINE.replace('"}', '", private_networks: ["10.20.0.1/16"]}'))
+    message = spec_error(text)
+    assert "source 'alpha': key 'request.private_networks'" in message and "not a CIDR block" in message
+
+
+# -- secrets from the environment ---------------------------------------------------------------------
+
+
+def test_every_value_from_the_environment_in_a_request_is_redacted_wherever_it_stands() -> None:
+    from investigations.redaction import redact
+
+    with_secrets = ('    request: {url: "${SPEC_BASE}/v1/${SPEC_PATH_KEY}/x?appid=${SPEC_APPID}&q={value}", '
+                    'headers: {X-Whatever: "${SPEC_HEADER_KEY}"}}\n')
+    env = {"SPEC_BASE": "https://base-not-secret.example", "SPEC_PATH_KEY": "path-key-5e1c9a",
+           "SPEC_APPID": "appid-value-77f0", "SPEC_HEADER_KEY": "header-key-0b3d"}
+    parse(ALPHA.replace(REQUEST_LINE, with_secrets), env=env)
+    assert redact("path-key-5e1c9a appid-value-77f0 header-key-0b3d") == "*** *** ***"
+    assert redact("https://base-not-secret.example/v1") == "https://base-not-secret.example/v1"  # where, not a key
+
+
+def test_a_default_written_in_the_file_is_not_a_secret() -> None:
+    from investigations.redaction import redact
+
+    parse(ALPHA.replace("q={value}", "q={value}&limit=${SPEC_LIMIT:-limit-default-42}"))
+    assert redact("limit-default-42") == "limit-default-42"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from investigations.webhooks import WebhookAuthError, WebhookVerifier, secret_key, sign_headers
+from investigations.webhooks import WebhookAuthError, WebhookVerifier, parse_secrets, secret_key, sign_headers
 
 SECRET = "whsec_" + base64.b64encode(b"test-secret-key-0123456789abcdef").decode()
 BODY = b'{"case_id": "case-1", "leads": [{"kind": "domain", "value": "example.com"}]}'
@@ -155,3 +155,53 @@ def test_an_unusable_secret_is_refused_without_echoing_it(secret: str) -> None:
     with pytest.raises(ValueError) as info:
         WebhookVerifier(secret)
     assert "!!!not-base64!!!" not in str(info.value)
+
+
+OLD = "whsec_" + base64.b64encode(b"rotation-old-secret-0123456789").decode()
+NEW = "whsec_" + base64.b64encode(b"rotation-new-secret-9876543210").decode()
+
+
+@pytest.mark.parametrize(
+    ("accepted", "signed_with"),
+    [
+        ([OLD, NEW], [OLD]),  # a sender not yet moved to the new secret
+        ([OLD, NEW], [NEW]),  # a sender already moved
+        ([OLD, NEW], [NEW, OLD]),  # a sender in rotation signs with both
+        ([NEW], [NEW, OLD]),  # the old secret retired: a sender signing with both still passes
+        ([NEW, OLD], [OLD]),  # the order of the accepted secrets does not matter
+    ],
+)
+def test_during_rotation_a_delivery_signed_with_any_accepted_secret_passes(
+    accepted: list[str], signed_with: list[str]
+) -> None:
+    WebhookVerifier(accepted).verify(BODY, sign_headers(signed_with, BODY))
+
+
+def test_after_rotation_the_retired_secret_no_longer_passes() -> None:
+    with pytest.raises(WebhookAuthError, match="no matching signature"):
+        WebhookVerifier([NEW]).verify(BODY, sign_headers(OLD, BODY))
+
+
+def test_a_stale_timestamp_is_refused_whichever_secret_signed() -> None:
+    old_time = datetime.now(UTC) - timedelta(minutes=10)
+    with pytest.raises(WebhookAuthError, match="timestamp too old"):
+        WebhookVerifier([OLD, NEW]).verify(BODY, sign_headers(NEW, BODY, timestamp=old_time))
+
+
+def test_signing_with_two_secrets_puts_two_signatures_in_the_header() -> None:
+    header = sign_headers([NEW, OLD], BODY)["webhook-signature"]
+    assert [entry.split(",")[0] for entry in header.split(" ")] == ["v1", "v1"]
+
+
+def test_parse_secrets_reads_a_space_separated_list_in_order() -> None:
+    assert parse_secrets(f"  {NEW}\n{OLD} {NEW} ") == [NEW, OLD]
+
+
+def test_a_verifier_needs_at_least_one_secret() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        WebhookVerifier([])
+
+
+def test_the_repr_of_a_rotating_verifier_names_no_secret() -> None:
+    text = repr(WebhookVerifier([OLD, NEW]))
+    assert OLD not in text and NEW not in text and "rotation" not in text

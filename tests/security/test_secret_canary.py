@@ -22,16 +22,30 @@ CANARY = "canary-s3cr3t-7c1f0e9a"
 def secret_world(sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("SOURCE_API_KEY", CANARY)
     sources = tmp_path / "sources.yaml"
-    # One source that works and one that keeps failing, both carrying the key in the query and a header.
+    # Sources that work and sources that keep failing, carrying the key in the query (under a name
+    # the redactor knows and one it cannot know), in the url's path and in a header.
     sources.write_text(f"""
 sources:
   - name: keyed
     adapter: json_api
     lead_kinds: [domain]
     request:
-      url: "{sandbox.url}/robust/api/lookup?kind={{kind}}&q={{value}}&api_key=${{SOURCE_API_KEY}}"
+      url: "{sandbox.url}/robust/api/lookup?kind={{kind}}&q={{value}}&api_key=${{SOURCE_API_KEY}}&appid=${{SOURCE_API_KEY}}"
       headers: {{X-Api-Key: "${{SOURCE_API_KEY}}"}}
     parse: {{records_path: results, record_key: id}}
+  - name: keyed_path
+    adapter: html
+    lead_kinds: [domain]
+    request:
+      url: "{sandbox.url}/slow/profile/{{kind}}/${{SOURCE_API_KEY}}/{{value}}"
+    parse: {{records_selector: li.post, record_key: id, fields: {{id: "@data-id", title: a.title, link: "a.title@href"}}}}
+  - name: keyed_path_missing
+    adapter: json_api
+    lead_kinds: [domain]
+    request:
+      url: "{sandbox.url}/robust/api/${{SOURCE_API_KEY}}/lookup?q={{value}}"
+    parse: {{records_path: results}}
+    retry: {{attempts: 2, base_delay_s: 0.01, max_delay_s: 0.02, step_retries: 0}}
   - name: keyed_down
     adapter: json_api
     lead_kinds: [domain]
@@ -59,15 +73,18 @@ def test_a_source_key_never_reaches_logs_events_tags_metadata_or_dead_letters(se
     results = [
         materialize([build_source_asset(catalog.get(name))], partition_key=lead.id, instance=instance,
                     resources={"fleet": FleetResource()}, raise_on_error=False)
-        for name in ("keyed", "keyed_down")
+        for name in ("keyed", "keyed_down", "keyed_path", "keyed_path_missing")
     ]
-    assert results[0].success and not results[1].success  # both paths ran: success and dead letter
-    assert store.dead_letters(source="keyed_down")
+    # Every path ran: successes with records and a failure answered (404) and one never answered.
+    assert [result.success for result in results] == [True, False, True, False]
+    assert store.dead_letters(source="keyed_down") and store.dead_letters(source="keyed_path_missing")
+    assert any("HTTP Request: GET" in r.getMessage() and "/slow/profile/" in r.getMessage() for r in caplog.records)
 
     written = {
         "fetch log": json.dumps(store.fetch_log(), default=str),
         "dead letters": json.dumps([vars(letter) for letter in store.dead_letters()], default=str),
-        "collections": json.dumps([store.collection(n, lead.id) for n in ("keyed", "keyed_down")], default=str),
+        "collections": json.dumps([store.collection(n, lead.id) for n in ("keyed", "keyed_down", "keyed_path",
+                                                                         "keyed_path_missing")], default=str),
         "records": "".join(p.read_bytes().decode("latin-1") for p in (data_dir / "records").rglob("*.parquet")),
         "python logs": caplog.text,
     }
@@ -78,3 +95,5 @@ def test_a_source_key_never_reaches_logs_events_tags_metadata_or_dead_letters(se
     leaks = [where for where, text in written.items() if CANARY in text]
     assert leaks == []
     assert "api_key=***" in written["fetch log"] and "token=***" in written["fetch log"]
+    assert "appid=***" in written["fetch log"] and "/slow/profile/domain/***/example.com" in written["fetch log"]
+    assert "/robust/api/***/lookup" in written["fetch log"]
