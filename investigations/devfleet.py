@@ -25,6 +25,13 @@ DEMO_WEBHOOK_SECRET = "whsec_ZGVtby1vbmx5LWludmVzdGlnYXRpb25zLXdlYmhvb2stc2VjcmV
 STOP_GRACE_S = 10.0
 
 
+# Dagster settings that only exist as environment variables. A batch run covers a partition range
+# around its leads: one "planned" event for the range instead of one per partition (measured on
+# SQLite: about 20 ms of CPU per lead at run creation), and the range's other partitions are not
+# marked failed when the batch fails.
+DAGSTER_ENV = {"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1"}
+
+
 def fleet_env(project_root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of every fleet process: the caller's `INVESTIGATIONS_*` win, defaults fill in."""
     env = dict(os.environ if base is None else base)
@@ -32,6 +39,7 @@ def fleet_env(project_root: Path, base: Mapping[str, str] | None = None) -> dict
     env.setdefault("INVESTIGATIONS_SOURCES", str(project_root / "sources.yaml"))
     env.setdefault("INVESTIGATIONS_WEBHOOK_SECRET", DEMO_WEBHOOK_SECRET)
     env.setdefault("DAGSTER_HOME", str(project_root / ".dagster_home"))
+    env.update(DAGSTER_ENV)
     settings = Settings.from_env(env)
     env.setdefault("INVESTIGATIONS_SANDBOX_URL", f"http://127.0.0.1:{settings.sandbox_port}")
     return env

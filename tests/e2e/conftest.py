@@ -16,7 +16,7 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
-from investigations.devfleet import stop_all, wait_http
+from investigations.devfleet import DAGSTER_ENV, stop_all, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_BATCH_SOURCES = ("slow", "quiet")
@@ -71,6 +71,7 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "INVESTIGATIONS_SANDBOX_URL": sandbox.url,
         "INVESTIGATIONS_WEBHOOK_SECRET": SECRET,
         "INVESTIGATIONS_INTAKE_PORT": str(intake_port),
+        **DAGSTER_ENV,
     }
     bin_dir = Path(sys.executable).parent
     procs = []
