@@ -237,8 +237,15 @@ class Collector:
         collections (they free up within about a lane interval); not while none is usable at all."""
         deadline = self.clock() + self.lease_wait_s
         while not identities.lease_next():
-            if not identities.others_leasing() or self.clock() >= deadline:
+            if self.clock() >= deadline:
                 return False
+            if not identities.others_leasing():
+                # A lease may have come back between the two questions: ask once more before
+                # taking the pool as spent.
+                if identities.lease_next():
+                    return True
+                if not identities.others_leasing():
+                    return False
             self.sleep(LEASE_POLL_S * random.uniform(0.5, 1.5))
         return True
 

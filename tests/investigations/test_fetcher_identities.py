@@ -4,6 +4,8 @@ every answer says about it. Real loopback proxies on 127.0.0.2 and 127.0.0.3, th
 
 from __future__ import annotations
 
+from tests.fakes import FakeTime
+
 from concurrent.futures import ThreadPoolExecutor
 
 import random
@@ -197,21 +199,6 @@ def test_every_identity_blocked_parks_the_collection_instead_of_failing_it(world
         world.collector.collect("banning", lead_id)
     assert world.store.dead_letters() == []
     assert world.store.queue_depths()["banning"]["waiting"] == 1
-
-
-class FakeTime:
-    """A clock that moves only when slept on; `on_sleep` runs at each sleep (a lease released, say)."""
-
-    def __init__(self, on_sleep=lambda slept: None) -> None:
-        self.now, self.slept, self.on_sleep = 0.0, [], on_sleep
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        self.slept.append(seconds)
-        self.on_sleep(self.slept)
 
 
 def _collector(world: World, fake: FakeTime, wait_s: float = 5.0) -> Collector:

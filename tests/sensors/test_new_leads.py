@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tests.fakes import FakeTime
+
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -35,21 +37,6 @@ def world(sandbox_env, tmp_path, monkeypatch):
     sensor = build_new_lead_sensor(catalog, [build_source_job(spec) for spec in catalog.sources], wait_for_leads_s=0)
     yield catalog, store, sensor, DagsterInstance.ephemeral()
     store.close()
-
-
-class FakeTime:
-    """A clock that moves only when slept on; `on_sleep` runs at each sleep (a lead arriving, say)."""
-
-    def __init__(self, on_sleep=lambda slept: None) -> None:
-        self.now, self.slept, self.on_sleep = 0.0, [], on_sleep
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        self.slept.append(seconds)
-        self.on_sleep(self.slept)
 
 
 def _waiting_sensor(catalog, fake: FakeTime, wait_s: float = 3.5, *, turn: int = 0, turns: int = 1):
