@@ -13,11 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckKey,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
+    AssetRecordsFilter,
     AssetsDefinition,
     AssetSpec,
     Backoff,
@@ -26,10 +28,15 @@ from dagster import (
     FreshnessPolicy,
     Jitter,
     MetadataValue,
+    Output,
     PreviewWarning,
     RetryPolicy,
     multi_asset,
 )
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from dagster._core.instance import DagsterInstance
 
 from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, source_asset_key
 from assets.partitions import leads_partitions
@@ -54,11 +61,19 @@ def backfill_policy_for(spec: SourceSpec) -> BackfillPolicy:
     return BackfillPolicy.multi_run(max_partitions_per_run=batch_size(spec))
 
 
-def empty_check(spec: SourceSpec, lead_id: str, records: int, sample_keys: list[str]) -> AssetCheckEvaluation:
+def empty_check(
+    spec: SourceSpec,
+    lead_id: str,
+    records: int,
+    sample_keys: list[str],
+    target: AssetCheckEvaluationTargetMaterializationData | None = None,
+) -> AssetCheckEvaluation:
     """Fail (ERROR) when the source answered but gave fewer records than it is expected to.
 
     A source that starts answering 200 with nothing in it looks healthy on every status code; this
-    is the check that keeps such an answer from being trusted.
+    is the check that keeps such an answer from being trusted. `target` is the materialization the
+    result judges: Dagster counts a partition's check result as current only when it names the
+    partition's latest materialization (otherwise the Partitions tab shows it as missing).
     """
     passed = records >= spec.expected_min_records
     return AssetCheckEvaluation(
@@ -67,6 +82,7 @@ def empty_check(spec: SourceSpec, lead_id: str, records: int, sample_keys: list[
         passed=passed,
         severity=AssetCheckSeverity.ERROR,
         partition=lead_id,
+        target_materialization_data=target,
         description=None if passed else (
             f"{spec.name} answered with {records} record(s); at least {spec.expected_min_records} expected. "
             "The source may be silently empty or blocking."
@@ -79,13 +95,38 @@ def empty_check(spec: SourceSpec, lead_id: str, records: int, sample_keys: list[
     )
 
 
+def latest_materialization(
+    instance: DagsterInstance, key: AssetKey, lead_id: str
+) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The partition's latest materialization, as a check result names its target (one indexed query).
+
+    This is what Dagster's own `AssetCheckResult` looks up for a single-partition step; a batch run
+    covers a partition range, for which Dagster has no per-partition check result, so the asset
+    builds each lead's evaluation itself and names its target the same way.
+    """
+    found = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=key, asset_partitions=[lead_id]), limit=1
+    ).records
+    if not found:
+        return None
+    record = found[0]
+    return AssetCheckEvaluationTargetMaterializationData(
+        run_id=record.event_log_entry.run_id, storage_id=record.storage_id, timestamp=record.timestamp
+    )
+
+
 def materialization(spec: SourceSpec, result: CollectionResult) -> AssetMaterialization:
     return AssetMaterialization(
         asset_key=source_asset_key(spec.name),
         partition=result.lead_id,
         metadata={
+            # Dagster's own name for it: the catalog and the asset page show it as the row count.
+            "dagster/row_count": result.records,
             "records": result.records,
             "outcome": result.outcome,
+            # What the partition key (a hash) stands for, so an investigator finds the lead in the UI.
+            "lead_kind": result.lead_kind,
+            "lead_value": result.lead_value,
             "changed": result.changed,
             "requests": result.requests,
             "path": MetadataValue.path(result.path),
@@ -113,6 +154,7 @@ def _empty_check_spec(spec: SourceSpec, key: AssetKey) -> AssetCheckSpec:
 def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
     """The partitioned asset collecting `spec`, one lead per partition."""
     key = source_asset_key(spec.name)
+    check_key = AssetCheckKey(key, EMPTY_CHECK_NAME)
 
     # A multi_asset of one spec because it may end without materializing (a parked collection is
     # not a failure) and its check may run alone against what is stored (can_subset).
@@ -146,11 +188,17 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
     )
     def _collect(context: AssetExecutionContext, fleet: FleetResource) -> Iterator:
         lead_ids = batch_members(context, fleet)
+        check_selected = check_key in context.selected_asset_check_keys
+        if check_selected:
+            # The check's output, once per step: Dagster expects it of every step the check is
+            # selected in; the evaluations below carry the results, one per lead.
+            yield Output(None, output_name=context.assets_def.get_output_name_for_asset_check_key(check_key))
         if key not in context.selected_asset_keys:
             # The check alone: judge what is stored, without asking the source again.
             for lead_id in lead_ids:
                 stored = fleet.store.collection(spec.name, lead_id)
-                yield empty_check(spec, lead_id, stored.records if stored else 0, [])
+                yield empty_check(spec, lead_id, stored.records if stored else 0, [],
+                                  latest_materialization(context.instance, key, lead_id))
             return
         lower_cpu_priority_if_background(context.run.tags)
         failures: list[CollectionFailed] = []
@@ -163,8 +211,11 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
             try:
                 for lead_id, outcome in zip(lead_ids, outcomes):
                     if isinstance(outcome, CollectionResult):
+                        # Stored in the event log before the generator resumes, so its id is known.
                         yield materialization(spec, outcome)
-                        yield empty_check(spec, lead_id, outcome.records, outcome.sample_keys)
+                        if check_selected:
+                            yield empty_check(spec, lead_id, outcome.records, outcome.sample_keys,
+                                              latest_materialization(context.instance, key, lead_id))
                     elif isinstance(outcome, CollectionParked):
                         context.log.warning(f"{outcome}; back in the queue")
                     else:

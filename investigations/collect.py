@@ -74,6 +74,9 @@ class CollectionResult:
     # and the leases they were sent under (none for the direct identity, which is not leased).
     identity_ids: list[str] = field(default_factory=list)
     lease_ids: list[str] = field(default_factory=list)
+    # What the lead id (a hash) stands for, for people looking for the lead by its value.
+    lead_kind: str = ""
+    lead_value: str = ""
 
 
 class CollectionFailed(Exception):
@@ -230,6 +233,8 @@ class Collector:
             sample_keys=sorted(r.key for r in found)[:5],
             identity_ids=identities.identity_ids,
             lease_ids=identities.lease_ids,
+            lead_kind=lead.kind,
+            lead_value=lead.value,
         )
 
     def _lease_first(self, identities: _Identities, source: str) -> bool:
