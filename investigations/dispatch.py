@@ -283,6 +283,7 @@ class RecurringPlan:
     due: int
     queued: int
     skipped: str | None = None
+    canaries: int = 0  # canary leads queued for this window
 
 
 def window_of(spec: SourceSpec, now: datetime) -> int:
@@ -316,8 +317,25 @@ def plan_recurring(
                                                          rng=rng, spread=START_SPREAD))
         queued = store.enqueue([(spec.name, lead) for lead in due], origin=f"recurring:{window}",
                                priority_class=PriorityClass.RECURRING.value, not_before=start, now=now)
-        plans.append(RecurringPlan(spec.name, window, len(due), queued))
+        canaries = queue_canaries(store, spec, window=window, not_before=start, now=now)
+        plans.append(RecurringPlan(spec.name, window, len(due), queued, canaries=canaries))
     return plans
+
+
+def queue_canaries(store: StateStore, spec: SourceSpec, *, window: int, not_before: datetime, now: datetime) -> int:
+    """Queue the source's canary leads not collected within its cadence (registering them first:
+    a canary belongs to no case, so no other source monitors it). Returns how many were queued."""
+    if not spec.canaries:
+        return 0
+    leads = [canary.lead for canary in spec.canaries]
+    for lead in leads:
+        store.add_lead(lead, now=now)
+    older_than = now - timedelta(seconds=spec.recrawl_every_s)
+    waiting = store.pending_leads(spec.name, [lead.id for lead in leads])
+    due = [lead.id for lead in leads if lead.id not in waiting
+           and ((done := store.collection(spec.name, lead.id)) is None or done.last_attempt_at < older_than)]
+    return store.enqueue([(spec.name, lead_id) for lead_id in due], origin=f"canary:{window}",
+                         priority_class=PriorityClass.RECURRING.value, not_before=not_before, now=now)
 
 
 def max_runtime_s(spec: SourceSpec, leads: int) -> int:

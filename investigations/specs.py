@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from investigations.leads import LEAD_KINDS
+from investigations.leads import LEAD_KINDS, Lead, LeadError, normalize_lead
 from investigations.netguard import TargetAllowance, url_origin
 from investigations.redaction import register_secret
 
@@ -161,6 +161,25 @@ class HtmlParse(_Model):
 PARSE_MODELS: dict[str, type[_Model]] = {"json_api": JsonApiParse, "html": HtmlParse}
 
 
+class CanarySpec(_Model):
+    """A known-positive lead: the source must always find records for it (see `canaries`)."""
+
+    kind: str
+    value: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _normalizes(self) -> CanarySpec:
+        try:
+            normalize_lead(self.kind, self.value)
+        except LeadError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def lead(self) -> Lead:
+        return normalize_lead(self.kind, self.value)
+
+
 class SourceSpec(_Model):
     """One source of the fleet: where and how to ask, how fast, how hard to retry, what to expect."""
 
@@ -190,6 +209,9 @@ class SourceSpec(_Model):
     identity_tier: str = "datacenter"
     daily_budget_usd: float = Field(default=0.0, ge=0)
     expected_min_records: int = Field(default=0, ge=0)
+    # Known-positive leads, collected on the source's cadence: one answering with no records fails
+    # the source's `canaries_pass` check before any case notices.
+    canaries: tuple[CanarySpec, ...] = ()
     # Text that marks a block or challenge page (matched case-insensitively at the top of a body):
     # such an answer counts against the identity that got it, whatever its status.
     block_markers: tuple[str, ...] = Field(default_factory=lambda: _default_block_markers())
@@ -225,6 +247,14 @@ class SourceSpec(_Model):
         if unknown:
             raise ValueError(f"unknown lead kinds {unknown} (known: {', '.join(LEAD_KINDS)})")
         return kinds
+
+    @model_validator(mode="after")
+    def _canaries_are_taken(self) -> SourceSpec:
+        wrong = [c.kind for c in self.canaries if c.kind not in self.lead_kinds]
+        if wrong:
+            raise ValueError(f"canaries of kinds {wrong} that the source does not take (lead_kinds: "
+                             f"{', '.join(self.lead_kinds)})")
+        return self
 
     def accepts(self, kind: str) -> bool:
         return kind in self.lead_kinds
