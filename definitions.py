@@ -9,6 +9,7 @@ from dagster import Definitions, EnvVar, in_process_executor
 from assets.fleet import dead_letters, fleet_report_job
 from assets.health import build_source_health_checks, build_source_health_schedule
 from assets.jobs import build_source_job
+from assets.requeue import requeue_dead_letters_job
 from assets.sources import build_source_asset
 from investigations.catalog import load_catalog
 from investigations.config import Settings
@@ -41,7 +42,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     return Definitions(
         assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters],
         asset_checks=[build_source_health_checks(catalog)],
-        jobs=[*jobs, fleet_report_job],
+        jobs=[*jobs, fleet_report_job, requeue_dead_letters_job],
         schedules=[build_source_health_schedule(catalog)],
         sensors=[*build_new_lead_sensors(catalog, jobs), build_recurring_sensor(catalog, jobs), dead_letter_report,
                  build_dead_runs_sensor(), *alerts],

@@ -89,6 +89,12 @@ def common_fields(records: Sequence[ParsedRecord]) -> list[str]:
     return sorted(shared)
 
 
+# Why a collection gave up, as its dead letter says: what the fetcher gave up on (throttled,
+# transient, blocked, permanent, refused), a lead the source cannot take, and a run that died
+# MAX_RUN_DEATHS times (crashed).
+DEAD_LETTER_REASONS = ("throttled", "transient", "blocked", "permanent", "refused", "unknown_lead", "crashed")
+
+
 class CollectionFailed(Exception):
     """The collection gave up. It is in the dead letters; `retryable` says if a re-run may help."""
 
