@@ -1,0 +1,114 @@
+"""What the fleet spends per source, and the daily budget that holds background work back.
+
+A request costs its source's `cost_per_request_usd` (an API's price per call, from `sources.yaml`)
+plus what the identity it went out as costs: `cost_per_request_usd` and `cost_per_mb_usd` (per
+1,000,000 bytes of answer) from the identities file, as the identity registry in the state store
+keeps them. The direct identity costs nothing of its own. Spend is counted from the fetch log, so it
+is what was actually sent: retries and throttled answers cost like any other request.
+
+The budget gate: a source whose spend today (UTC) has reached its `daily_budget_usd` gets no more
+background work (recurring crawls, backfills) until the next UTC day; interactive leads still go,
+because an investigator is waiting on them. A budget of 0 means none. The gate lives in the
+dispatcher (`investigations.dispatch`), which calls `over_budget` for every source it plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select
+
+from investigations.specs import SourceCatalog, SourceSpec
+from investigations.store import StateStore
+from investigations.store import schema as s
+
+BYTES_PER_MB = 1_000_000  # proxy providers bill decimal megabytes
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Requests one identity sent to one source over some period, and the bytes of their answers."""
+
+    source: str
+    identity_id: str
+    requests: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class IdentityPrice:
+    """What one identity costs per request and per MB of answer (the direct identity: nothing)."""
+
+    cost_per_request_usd: float = 0.0
+    cost_per_mb_usd: float = 0.0
+
+
+FREE = IdentityPrice()
+
+
+def usage_cost_usd(usage: Usage, *, source_cost_per_request_usd: float, identity: IdentityPrice) -> float:
+    """The price of `usage`: each request pays the source's and the identity's price per request,
+    and the identity's price per MB of what came back."""
+    per_request = source_cost_per_request_usd + identity.cost_per_request_usd
+    return usage.requests * per_request + usage.bytes / BYTES_PER_MB * identity.cost_per_mb_usd
+
+
+def spend_by_source(usage: Iterable[Usage], catalog: SourceCatalog,
+                    prices: Mapping[str, IdentityPrice]) -> dict[str, float]:
+    """Spend in USD per source of the catalog (0.0 for one that sent nothing). Usage of a source no
+    longer in the catalog is left out; an identity without a price (direct) costs nothing itself."""
+    specs = {spec.name: spec for spec in catalog.sources}
+    spent = dict.fromkeys(specs, 0.0)
+    for row in usage:
+        spec = specs.get(row.source)
+        if spec is not None:
+            spent[row.source] += usage_cost_usd(row, source_cost_per_request_usd=spec.cost_per_request_usd,
+                                                identity=prices.get(row.identity_id, FREE))
+    return spent
+
+
+def day_start(now: datetime) -> datetime:
+    """The start of `now`'s UTC day: budgets are per UTC day."""
+    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def over_budget(spec: SourceSpec, spent_today_usd: float) -> str | None:
+    """Why `spec` gets no more background work today, or None while it is within its budget (or
+    has none)."""
+    if spec.daily_budget_usd <= 0 or spent_today_usd < spec.daily_budget_usd:
+        return None
+    return f"budget: spent {spent_today_usd:.2f} of {spec.daily_budget_usd:.2f} USD today"
+
+
+def records_per_usd(records: int, spent_usd: float) -> float | None:
+    """Throughput per unit of cost; None when nothing was spent (free sources have no such figure)."""
+    return records / spent_usd if spent_usd > 0 else None
+
+
+def usage_since(store: StateStore, since: datetime) -> list[Usage]:
+    """Requests and answer bytes per (source, identity) in the fetch log from `since` on."""
+    fl = s.fetch_log
+    query = (select(fl.c.source, fl.c.identity_id, func.count(), func.coalesce(func.sum(fl.c.bytes), 0))
+             .where(fl.c.at >= since).group_by(fl.c.source, fl.c.identity_id))
+    with store.engine.begin() as conn:
+        return [Usage(source, identity, int(requests), int(size)) for source, identity, requests, size in conn.execute(query)]
+
+
+def identity_prices(store: StateStore) -> dict[str, IdentityPrice]:
+    """Each registered identity's price, inactive ones included: their requests still cost."""
+    i = s.identities
+    with store.engine.begin() as conn:
+        rows = conn.execute(select(i.c.identity_id, i.c.cost_per_request_usd, i.c.cost_per_mb_usd)).all()
+    return {identity: IdentityPrice(per_request, per_mb) for identity, per_request, per_mb in rows}
+
+
+def spend_since(store: StateStore, catalog: SourceCatalog, since: datetime) -> dict[str, float]:
+    """Spend in USD per source from `since` on."""
+    return spend_by_source(usage_since(store, since), catalog, identity_prices(store))
+
+
+def spend_today(store: StateStore, catalog: SourceCatalog, *, now: datetime) -> dict[str, float]:
+    """Spend in USD per source since the start of `now`'s UTC day (what budgets are held against)."""
+    return spend_since(store, catalog, day_start(now))
