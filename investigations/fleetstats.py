@@ -41,6 +41,8 @@ IDENTITY_FAILURES_WINDOW = timedelta(hours=24)
 _FAILED = frozenset({Outcome.TRANSIENT.value, Outcome.PERMANENT.value})
 _BLOCKED = frozenset({Outcome.THROTTLED.value, Outcome.BLOCKED.value})
 IDENTITY_STATES = ("available", "leased", "resting", "retired")
+# Every verdict `health_of` gives, best first.
+HEALTH_STATES = ("ok", "idle", "stale", "stalled", "over_budget", "empty", "failing", "blocked")
 
 
 # -- rows, as the store holds them ----------------------------------------------------------------
