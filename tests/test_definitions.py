@@ -38,3 +38,13 @@ def test_module_level_defs_load_as_the_code_server_loads_them() -> None:
     # What a code server does on start: every job, asset and sensor resolved, names checked unique.
     Definitions.validate_loadable(definitions.defs)
     assert definitions.defs.resolve_sensor_def("new_leads") is not None
+
+
+def test_fleet_health_is_refreshed_by_a_schedule_every_minute(sandbox_env) -> None:
+    from dagster import AssetKey, DefaultScheduleStatus
+
+    defs = build_definitions(Settings.from_env())
+    schedule = defs.resolve_schedule_def("fleet_health_every_minute")
+    assert schedule.cron_schedule == "* * * * *" and schedule.default_status == DefaultScheduleStatus.RUNNING
+    job = defs.resolve_job_def(schedule.job_name)
+    assert job.asset_layer.selected_asset_keys == {AssetKey(["fleet", "health"])}
