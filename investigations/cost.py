@@ -14,9 +14,11 @@ dispatcher (`investigations.dispatch`), which calls `over_budget` for every sour
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 
@@ -25,6 +27,9 @@ from investigations.store import StateStore
 from investigations.store import schema as s
 
 BYTES_PER_MB = 1_000_000  # proxy providers bill decimal megabytes
+# A fetch-log row is written as its request ends and stamped with that moment, so a row older than
+# this that is not in the log yet never will be: today's usage up to then is final, and kept.
+SETTLE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -110,5 +115,74 @@ def spend_since(store: StateStore, catalog: SourceCatalog, since: datetime) -> d
 
 
 def spend_today(store: StateStore, catalog: SourceCatalog, *, now: datetime) -> dict[str, float]:
-    """Spend in USD per source since the start of `now`'s UTC day (what budgets are held against)."""
-    return spend_since(store, catalog, day_start(now))
+    """Spend in USD per source since the start of `now`'s UTC day (what budgets are held against).
+    Read incrementally (see `SpendMeter`): the dispatcher asks on every pass."""
+    usage = meter_for(store).usage_today(store, catalog.names, now=now)
+    return spend_by_source(usage, catalog, identity_prices(store))
+
+
+class SpendMeter:
+    """Today's usage per (source, identity), read incrementally from the fetch log.
+
+    Summing a whole day of the log on every dispatch pass would cost more as the day goes on (about
+    0.4 s at 100,000 requests on SQLite). The meter keeps the day's settled part (rows older than
+    `settle_s`, which can no longer change) and reads only what came after it, by source and time on
+    the log's (source, at) index. A new UTC day, a clock that went back, or another set of sources
+    starts it over.
+    """
+
+    def __init__(self, *, settle_s: float = SETTLE_S) -> None:
+        self._settle = timedelta(seconds=settle_s)
+        self._lock = threading.Lock()
+        self._sources: tuple[str, ...] = ()
+        self._day: datetime | None = None
+        self._settled_until: datetime | None = None
+        self._requests: Counter[tuple[str, str]] = Counter()
+        self._bytes: Counter[tuple[str, str]] = Counter()
+
+    def usage_today(self, store: StateStore, sources: Sequence[str], *, now: datetime) -> list[Usage]:
+        """Requests and bytes per (source, identity) of `sources` since `now`'s UTC day began, read
+        from `store` (always the same database for one meter: see `meter_for`)."""
+        day = day_start(now)
+        with self._lock:
+            if (day, tuple(sources)) != (self._day, self._sources) or (self._settled_until or day) > now:
+                self._day, self._sources, self._settled_until = day, tuple(sources), day
+                self._requests.clear()
+                self._bytes.clear()
+            start = self._settled_until or day
+            boundary = max(start, now - self._settle)
+            fl = s.fetch_log
+            settled = (fl.c.at < boundary).label("settled")
+            query = (
+                select(fl.c.source, fl.c.identity_id, settled, func.count(), func.coalesce(func.sum(fl.c.bytes), 0))
+                .where(fl.c.source.in_(list(sources)), fl.c.at >= start, fl.c.at < day + timedelta(days=1))
+                .group_by(fl.c.source, fl.c.identity_id, settled)
+            )
+            requests, sizes = Counter(self._requests), Counter(self._bytes)
+            with store.engine.begin() as conn:
+                rows = conn.execute(query).all()
+            for source, identity, is_settled, count, size in rows:
+                requests[(source, identity)] += count
+                sizes[(source, identity)] += int(size)
+                if is_settled:
+                    self._requests[(source, identity)] += count
+                    self._bytes[(source, identity)] += int(size)
+            self._settled_until = boundary
+        return [Usage(source, identity, count, sizes[(source, identity)])
+                for (source, identity), count in requests.items()]
+
+
+# One meter per database the process talks to: stores are opened per run or tick, the day's
+# settled usage outlives them.
+_METERS: dict[tuple[str, str | None], SpendMeter] = {}
+_METERS_LOCK = threading.Lock()
+
+
+def meter_for(store: StateStore) -> SpendMeter:
+    """The process's spend meter for `store`'s database."""
+    key = (store.engine.url.render_as_string(hide_password=True), store.schema)
+    with _METERS_LOCK:
+        meter = _METERS.get(key)
+        if meter is None:
+            meter = _METERS[key] = SpendMeter()
+        return meter

@@ -176,3 +176,21 @@ def test_recurring_crawls_of_a_source_over_budget_are_skipped_until_the_next_utc
     tomorrow = day_start(NOW) + timedelta(days=1, minutes=1)
     plans = {p.source: p for p in plan_recurring(sqlite_store, CATALOG, now=tomorrow)}
     assert plans["paid"].skipped is None and plans["paid"].queued == 1
+
+
+def test_the_spend_meter_reads_only_what_came_after_the_settled_part_of_the_day(sqlite_store) -> None:
+    from investigations.cost import SETTLE_S, SpendMeter
+
+    meter = SpendMeter()
+    fetched(sqlite_store, "paid", requests=3, at=NOW - timedelta(hours=1))
+    fetched(sqlite_store, "paid", requests=2, at=NOW - timedelta(seconds=SETTLE_S / 2))  # may still change
+    (usage,) = meter.usage_today(sqlite_store, CATALOG.names, now=NOW)
+    assert usage.requests == 5
+    with sqlite_store.engine.begin() as conn:  # the settled hour is kept, not read again
+        conn.execute(s.fetch_log.delete().where(s.fetch_log.c.at < NOW - timedelta(seconds=SETTLE_S)))
+    fetched(sqlite_store, "paid", requests=4, at=NOW + timedelta(seconds=5))
+    (usage,) = meter.usage_today(sqlite_store, CATALOG.names, now=NOW + timedelta(seconds=10))
+    assert usage.requests == 3 + 2 + 4
+    # The next UTC day starts from nothing; so does a meter asked about other sources.
+    assert meter.usage_today(sqlite_store, CATALOG.names, now=day_start(NOW) + timedelta(days=1)) == []
+    assert meter.usage_today(sqlite_store, ["free"], now=NOW + timedelta(seconds=10)) == []
