@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, and_, case, func, select, type_coerce
 
 from investigations.cost import Usage, identity_prices, records_per_usd, spend_by_source, spend_today
 from investigations.events import Outcome
@@ -70,13 +70,15 @@ class CollectionRow:
 
 
 @dataclass(frozen=True)
-class MonitoredRow:
-    """A monitored lead at a source: what its last success stored and when, and when it joined."""
+class Freshness:
+    """A source's monitored leads, summed up in the store (there may be a great many)."""
 
-    source: str
-    records: int  # of the last success (0: empty, or never succeeded)
-    last_success_at: datetime | None
-    joined_at: datetime
+    monitored: int = 0
+    fresh: int = 0  # last success had records and is within the source's cadence
+    empty: int = 0  # last success stored nothing
+    # The stalest lead's last success with records or, lacking one, when it joined the fleet: an
+    # empty answer does not reset a lead's age.
+    stalest_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,7 @@ def figures_for(
     window_s: float,
     requests: Sequence[RequestRow] = (),
     collections: Sequence[CollectionRow] = (),
-    monitored: Sequence[MonitoredRow] = (),
+    freshness: Freshness = Freshness(),
     identities: Mapping[str, int] | None = None,
     depth: Mapping[str, int] | None = None,
     dead_letters: int = 0,
@@ -226,13 +228,6 @@ def figures_for(
     by_outcome = Counter(row.outcome for row in collections)
     succeeded = by_outcome["ok"] + by_outcome["empty"]
     records = sum(row.records for row in collections if row.outcome == "ok")
-    cadence = timedelta(seconds=spec.recrawl_every_s)
-    fresh = sum(1 for row in monitored
-                if row.records > 0 and row.last_success_at is not None and now - row.last_success_at <= cadence)
-    # An empty answer does not make a lead fresh: its age runs from its last success with records,
-    # or, lacking one we know of, from when it joined the fleet (an upper bound).
-    ages = [(now - (row.last_success_at if row.records > 0 and row.last_success_at else row.joined_at)).total_seconds()
-            for row in monitored]
     latencies = [row.latency_ms for row in requests]
     base = SourceFigures(
         source=spec.name,
@@ -254,11 +249,11 @@ def figures_for(
         empty_rate=_share(by_outcome["empty"], succeeded),
         latency_p50_ms=percentile(latencies, 0.5),
         latency_p95_ms=percentile(latencies, 0.95),
-        monitored=len(monitored),
-        fresh=fresh,
-        fresh_share=_share(fresh, len(monitored)),
-        monitored_empty=sum(1 for row in monitored if row.records == 0 and row.last_success_at is not None),
-        stalest_age_s=max(ages) if ages else None,
+        monitored=freshness.monitored,
+        fresh=freshness.fresh,
+        fresh_share=_share(freshness.fresh, freshness.monitored),
+        monitored_empty=freshness.empty,
+        stalest_age_s=(now - freshness.stalest_since).total_seconds() if freshness.stalest_since else None,
         identities_available=identities.get("available", 0),
         identities_leased=identities.get("leased", 0),
         identities_resting=identities.get("resting", 0),
@@ -384,8 +379,11 @@ def identity_counts(standings: Iterable[IdentityStanding], sources: Sequence[str
 # -- reading the store ----------------------------------------------------------------------------
 
 
-def read_identity_standings(store: StateStore, *, now: datetime | None = None) -> list[IdentityStanding]:
-    """Every active identity's standing per source, from the registry, leases and health."""
+def read_identity_standings(store: StateStore, *, now: datetime | None = None,
+                            with_failures: bool = True) -> list[IdentityStanding]:
+    """Every active identity's standing per source, from the registry, leases and health; with
+    `with_failures`, its failed answers there in the last IDENTITY_FAILURES_WINDOW (a scan of the
+    fetch log that the fleet figures do without)."""
     now = now or utcnow()
     i, lease, h, r, fl = s.identities, s.identity_leases, s.identity_health, s.range_rests, s.fetch_log
     failing = (select(fl.c.identity_id, fl.c.source, func.count())
@@ -399,7 +397,8 @@ def read_identity_standings(store: StateStore, *, now: datetime | None = None) -
         health = conn.execute(select(h.c.identity_id, h.c.source, h.c.state, h.c.score, h.c.rests,
                                      h.c.rest_until_s)).mappings().all()
         rests = conn.execute(select(r.c.range, r.c.source, r.c.rest_until_s)).mappings().all()
-        failures = {(identity, source): count for identity, source, count in conn.execute(failing)}
+        failures = ({(identity, source): count for identity, source, count in conn.execute(failing)}
+                    if with_failures else {})
     return identity_standings(identities=identities, leases=leases, health=health, range_rests=rests,
                               failures=failures, now_s=now.timestamp())
 
@@ -418,25 +417,20 @@ def fleet_figures(
     now = now or utcnow()
     since = now - timedelta(seconds=window_s)
     fl, c, q, dl = s.fetch_log, s.collections, s.collection_queue, s.dead_letters
-    active = (select(s.case_leads.c.lead_id).join(s.cases, s.cases.c.case_id == s.case_leads.c.case_id)
-              .where(s.cases.c.status == "active"))
     with store.engine.begin() as conn:
         requests = [RequestRow(*row) for row in conn.execute(
             select(fl.c.source, fl.c.outcome, fl.c.attempt, fl.c.latency_ms, fl.c.identity_id, fl.c.bytes)
             .where(fl.c.at >= since))]
         collections = [CollectionRow(*row) for row in conn.execute(
             select(c.c.source, c.c.outcome, c.c.records).where(c.c.last_attempt_at >= since))]
-        monitored = [MonitoredRow(*row) for row in conn.execute(
-            select(c.c.source, c.c.records, c.c.last_success_at, s.leads.c.created_at)
-            .join(s.leads, s.leads.c.lead_id == c.c.lead_id)
-            .where(c.c.lead_id.in_(active)))]
+        freshness = {spec.name: _freshness(conn, spec, now=now) for spec in catalog.sources}
         letters = dict(conn.execute(select(dl.c.source, func.count()).group_by(dl.c.source)).all())
         parked_rows = conn.execute(
             select(q.c.source, q.c.park_reason, func.count())
             .where(q.c.state == "queued", q.c.outcome == "parked").group_by(q.c.source, q.c.park_reason)).all()
         pool_size = conn.execute(select(func.count()).where(s.identities.c.active)).scalar() or 0
     depths = store.queue_depths(now=now)
-    standings = read_identity_standings(store, now=now)
+    standings = read_identity_standings(store, now=now, with_failures=False)
     counts = identity_counts(standings, catalog.names, pool_size=pool_size)
     spent_today = spend_today(store, catalog, now=now)
     window_usage: Counter[tuple[str, str]] = Counter()
@@ -449,13 +443,13 @@ def fleet_figures(
     parked: dict[str, dict[str, int]] = defaultdict(dict)
     for source, reason, count in parked_rows:
         parked[source][reason or "unknown"] = count
-    by_source = _group(requests), _group(collections), _group(monitored)
+    by_source = _group(requests), _group(collections)
     return [
         figures_for(
             spec, now=now, window_s=window_s,
             requests=by_source[0].get(spec.name, []),
             collections=by_source[1].get(spec.name, []),
-            monitored=by_source[2].get(spec.name, []),
+            freshness=freshness[spec.name],
             identities=counts[spec.name],
             depth=depths.get(spec.name),
             dead_letters=letters.get(spec.name, 0),
@@ -467,6 +461,27 @@ def fleet_figures(
         )
         for spec in catalog.sources
     ]
+
+
+def _freshness(conn: Connection, spec: SourceSpec, *, now: datetime) -> Freshness:
+    """Monitored leads of `spec` (in an active case, collected by it before) summed up in SQL."""
+    c = s.collections
+    active = (select(s.case_leads.c.lead_id).join(s.cases, s.cases.c.case_id == s.case_leads.c.case_id)
+              .where(s.cases.c.status == "active"))
+    with_records = and_(c.c.records > 0, c.c.last_success_at.is_not(None))
+    cutoff = now - timedelta(seconds=spec.recrawl_every_s)
+    since = case((with_records, c.c.last_success_at), else_=s.leads.c.created_at)
+    query = (
+        select(func.count(),
+               func.coalesce(func.sum(case((and_(with_records, c.c.last_success_at >= cutoff), 1), else_=0)), 0),
+               func.coalesce(func.sum(case((and_(c.c.records == 0, c.c.last_success_at.is_not(None)), 1),
+                                           else_=0)), 0),
+               type_coerce(func.min(since), s.UTCDateTime))
+        .select_from(c.join(s.leads, s.leads.c.lead_id == c.c.lead_id))
+        .where(c.c.source == spec.name, c.c.lead_id.in_(active))
+    )
+    monitored, fresh, empty, stalest = conn.execute(query).one()
+    return Freshness(monitored, int(fresh), int(empty), stalest)
 
 
 def _group(rows: Iterable[Any]) -> dict[str, list[Any]]:

@@ -10,7 +10,7 @@ import pytest
 from investigations.events import FetchEvent, Outcome
 from investigations.fleetstats import (
     CollectionRow,
-    MonitoredRow,
+    Freshness,
     RequestRow,
     fleet_figures,
     figures_for,
@@ -77,12 +77,12 @@ HEALTHY = figures(requests=requests(*["ok"] * 10), collections=collections(*["ok
         ({"identities": {"resting": 2, "leased": 1}}, "ok"),
         ({"spend_today_usd": 2.0}, "over_budget"),
         ({"requests": [], "collections": [], "depth": {"ready": 5}}, "stalled"),
-        ({"monitored": [MonitoredRow("api", 2, NOW - timedelta(hours=2), NOW - timedelta(days=3))] * 3
-                       + [MonitoredRow("api", 2, NOW - timedelta(minutes=5), NOW - timedelta(days=3))]}, "stale"),
+        ({"freshness": Freshness(monitored=4, fresh=1, stalest_since=NOW - timedelta(hours=2))}, "stale"),
+        ({"freshness": Freshness(monitored=4, fresh=2, stalest_since=NOW - timedelta(hours=2))}, "ok"),
         ({"requests": [], "collections": []}, "idle"),
         # Nothing collected in the window, but what the monitored leads hold is empty: not idle, empty.
         ({"requests": [], "collections": [],
-          "monitored": [MonitoredRow("api", 0, NOW - timedelta(minutes=30), NOW - timedelta(days=1))] * 2}, "empty"),
+          "freshness": Freshness(monitored=2, empty=2, stalest_since=NOW - timedelta(days=1))}, "empty"),
     ],
 )
 def test_the_health_verdict(changes, verdict) -> None:
@@ -125,18 +125,29 @@ def test_no_requests_means_no_rates_rather_than_zero_rates() -> None:
     assert f.records_per_usd is None and f.fresh_share is None and f.stalest_age_s is None
 
 
-def test_freshness_counts_only_collections_with_records_within_the_cadence() -> None:
-    joined = NOW - timedelta(days=2)
-    monitored = [
-        MonitoredRow("api", 4, NOW - timedelta(minutes=10), joined),  # fresh
-        MonitoredRow("api", 0, NOW - timedelta(minutes=10), joined),  # answered, empty: not fresh
-        MonitoredRow("api", 4, NOW - timedelta(hours=3), joined),  # records, past its 1 h cadence
-        MonitoredRow("api", 0, None, NOW - timedelta(hours=30)),  # never succeeded
-    ]
-    f = figures(monitored=monitored)
-    assert (f.monitored, f.fresh, f.fresh_share, f.monitored_empty) == (4, 1, 0.25, 1)
-    # The empty answer does not reset the age: it runs from when the lead joined (2 days).
-    assert f.stalest_age_s == timedelta(days=2).total_seconds()
+def test_freshness_counts_only_collections_with_records_within_the_cadence(sqlite_store: StateStore) -> None:
+    store = sqlite_store
+
+    def lead(value, *, joined_ago, case="open", collections=()):
+        item = normalize_lead("domain", value)
+        store.add_lead(item, case_id=case, now=NOW - joined_ago)
+        for outcome, records, ago in collections:
+            store.record_collection(source="api", lead_id=item.id, outcome=outcome, records=records, content_hash="h",
+                                    path="/p", run_id="r", now=NOW - ago)
+
+    day = timedelta(days=1)
+    lead("fresh.example", joined_ago=day, collections=[("ok", 4, timedelta(minutes=10))])
+    # Answered with records, then empty: the empty answer is the last success, and it is not fresh.
+    lead("emptied.example", joined_ago=2 * day, collections=[("ok", 4, timedelta(hours=5)),
+                                                             ("empty", 0, timedelta(minutes=10))])
+    lead("old.example", joined_ago=day, collections=[("ok", 4, timedelta(hours=3))])  # past its 1 h cadence
+    lead("failing.example", joined_ago=timedelta(hours=30), collections=[("failed", 0, timedelta(minutes=1))])
+    lead("closed.example", joined_ago=5 * day, case="closed", collections=[("ok", 4, 4 * day)])
+    store.set_case_status("closed", "closed")  # not monitored any more
+    (api, _quiet) = fleet_figures(store, CATALOG, now=NOW, window_s=WINDOW_S)
+    assert (api.monitored, api.fresh, api.fresh_share, api.monitored_empty) == (4, 1, 0.25, 1)
+    # The stalest: the emptied lead, whose age runs from when it joined (2 days), not from its empty answer.
+    assert api.stalest_age_s == (2 * day).total_seconds()
 
 
 NOW_S = NOW.timestamp()
