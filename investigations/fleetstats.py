@@ -108,7 +108,7 @@ class HealthThresholds:
     min_requests: int = 5
     # A fifth of answers throttled or blocked: the source is pushing back on us.
     block_rate: float = 0.2
-    # Nearly a third failing (5xx, timeouts, unparseable): the source or its adapter is broken.
+    # Nearly a third failing (5xx, other 4xx, timeouts): the source is down or the requests are wrong.
     failure_rate: float = 0.3
     # Half the successful collections empty: likely a silent change (a layout, an API key) not the leads.
     empty_rate: float = 0.5
@@ -137,7 +137,7 @@ class SourceFigures:
     records: int
     records_per_min: float
     retry_rate: float | None  # share of requests that were a retry (or a wait after a 429)
-    failure_rate: float | None  # share answered transient/permanent (5xx, timeouts, unparseable)
+    failure_rate: float | None  # share answered transient or permanent (5xx, other 4xx, timeouts)
     block_rate: float | None  # share throttled (429/503) or blocked (401/403/block page)
     empty_rate: float | None  # share of successful collections with no records
     latency_p50_ms: float | None
@@ -171,7 +171,7 @@ NUMERIC_FIGURES: dict[str, str] = {
     "requests_per_min": "requests per minute over the window",
     "records_per_min": "records collected per minute over the window",
     "retry_rate": "share of the window's requests that were retries",
-    "failure_rate": "share of the window's requests answered 5xx, timed out or unparseable",
+    "failure_rate": "share of the window's requests answered 5xx or other 4xx, timed out or refused",
     "block_rate": "share of the window's requests throttled (429/503) or blocked (401/403, block page)",
     "empty_rate": "share of the window's successful collections that found no records",
     "latency_p50_ms": "median request latency over the window, ms",
