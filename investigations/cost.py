@@ -92,26 +92,12 @@ def records_per_usd(records: int, spent_usd: float) -> float | None:
     return records / spent_usd if spent_usd > 0 else None
 
 
-def usage_since(store: StateStore, since: datetime) -> list[Usage]:
-    """Requests and answer bytes per (source, identity) in the fetch log from `since` on."""
-    fl = s.fetch_log
-    query = (select(fl.c.source, fl.c.identity_id, func.count(), func.coalesce(func.sum(fl.c.bytes), 0))
-             .where(fl.c.at >= since).group_by(fl.c.source, fl.c.identity_id))
-    with store.engine.begin() as conn:
-        return [Usage(source, identity, int(requests), int(size)) for source, identity, requests, size in conn.execute(query)]
-
-
 def identity_prices(store: StateStore) -> dict[str, IdentityPrice]:
     """Each registered identity's price, inactive ones included: their requests still cost."""
     i = s.identities
     with store.engine.begin() as conn:
         rows = conn.execute(select(i.c.identity_id, i.c.cost_per_request_usd, i.c.cost_per_mb_usd)).all()
     return {identity: IdentityPrice(per_request, per_mb) for identity, per_request, per_mb in rows}
-
-
-def spend_since(store: StateStore, catalog: SourceCatalog, since: datetime) -> dict[str, float]:
-    """Spend in USD per source from `since` on."""
-    return spend_by_source(usage_since(store, since), catalog, identity_prices(store))
 
 
 def spend_today(store: StateStore, catalog: SourceCatalog, *, now: datetime) -> dict[str, float]:
