@@ -194,3 +194,18 @@ def test_the_spend_meter_reads_only_what_came_after_the_settled_part_of_the_day(
     # The next UTC day starts from nothing; so does a meter asked about other sources.
     assert meter.usage_today(sqlite_store, CATALOG.names, now=day_start(NOW) + timedelta(days=1)) == []
     assert meter.usage_today(sqlite_store, ["free"], now=NOW + timedelta(seconds=10)) == []
+
+
+def test_a_negative_price_fails_at_load_naming_the_source_and_key() -> None:
+    from investigations.specs import SpecError
+
+    text = """
+sources:
+  - name: paid
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://paid.example/api?q={value}"}
+    cost_per_request_usd: -0.1
+"""
+    with pytest.raises(SpecError, match=r"source 'paid': key 'cost_per_request_usd': .*greater than or equal to 0"):
+        parse_sources(text)
