@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from investigations.config import ConfigError, Settings
-from investigations.fleetstats import DEFAULT_WINDOW_S
 from investigations.leads import LEAD_KINDS, LeadError, normalize_lead
 from investigations.specs import SpecError
 
@@ -102,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fleet = sub.add_parser("fleet", help="per source: health, throughput, error rates, freshness, identities, spend")
     fleet.add_argument("--hours", type=float, default=24.0, help="requests and outcomes over this many hours")
-    fleet.add_argument("--window-min", type=float, default=DEFAULT_WINDOW_S / 60,
+    fleet.add_argument("--window-min", type=float, default=None,
                        help="rates, latency and throughput over this many minutes (default 15)")
     fleet.add_argument("--json", action="store_true", help="the figures as JSON (one line per refresh with --watch)")
     fleet.add_argument("--watch", type=float, nargs="?", const=5.0, default=None, metavar="SECONDS",
@@ -265,6 +264,10 @@ def _records(args: argparse.Namespace) -> int:
 
 
 def _fleet(args: argparse.Namespace) -> int:
+    from investigations.fleetstats import DEFAULT_WINDOW_S
+
+    if args.window_min is None:
+        args.window_min = DEFAULT_WINDOW_S / 60
     if args.window_min <= 0:
         print("investigations: --window-min must be above 0", file=sys.stderr)
         return 2
