@@ -14,7 +14,8 @@ Sources of each figure, over a window (default 15 min) unless said otherwise:
 - spend: today (UTC) and over the window, priced by `investigations.cost`.
 
 The computing functions are pure over plain rows (`figures_for`, `health_of`, `identity_standings`);
-`fleet_figures` reads the rows and calls them.
+`fleet_figures` reads the rows and calls them. Only freshness is summed up in SQL (`Freshness`): a
+fleet may monitor a great many leads, and a row for each would cost more than the rest together.
 """
 
 from __future__ import annotations
