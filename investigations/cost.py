@@ -9,7 +9,8 @@ is what was actually sent: retries and throttled answers cost like any other req
 The budget gate: a source whose spend today (UTC) has reached its `daily_budget_usd` gets no more
 background work (recurring crawls, backfills) until the next UTC day; interactive leads still go,
 because an investigator is waiting on them. A budget of 0 means none. The gate lives in the
-dispatcher (`investigations.dispatch`), which calls `over_budget` for every source it plans.
+dispatcher (`investigations.dispatch`), which asks `over_budget` of every source with a budget
+and background work to hand over.
 """
 
 from __future__ import annotations

@@ -111,14 +111,14 @@ def test_the_budget_day_starts_at_midnight_utc() -> None:
     assert day_start(late) == datetime(2026, 12, 2, tzinfo=UTC)
 
 
-def test_spend_today_counts_today_s_requests_at_their_identity_s_price(sqlite_store: StateStore) -> None:
-    register_identity(sqlite_store, "dc1", per_request=0.01, per_mb=0.0)
-    register_identity(sqlite_store, "old", per_request=0.1, per_mb=0.0, active=False)  # dropped from the file
-    fetched(sqlite_store, "paid", requests=3, at=NOW - timedelta(hours=1))
-    fetched(sqlite_store, "paid", requests=2, at=NOW - timedelta(hours=2), identity_id="dc1")
-    fetched(sqlite_store, "free", requests=1, at=NOW - timedelta(hours=3), identity_id="old")
-    fetched(sqlite_store, "paid", requests=40, at=day_start(NOW) - timedelta(seconds=1))  # yesterday
-    assert spend_today(sqlite_store, CATALOG, now=NOW) == pytest.approx({"paid": 5 * 0.25 + 2 * 0.01, "free": 0.1})
+def test_spend_today_counts_today_s_requests_at_their_identity_s_price(store: StateStore) -> None:
+    register_identity(store, "dc1", per_request=0.01, per_mb=0.0)
+    register_identity(store, "old", per_request=0.1, per_mb=0.0, active=False)  # dropped from the file
+    fetched(store, "paid", requests=3, at=NOW - timedelta(hours=1))
+    fetched(store, "paid", requests=2, at=NOW - timedelta(hours=2), identity_id="dc1")
+    fetched(store, "free", requests=1, at=NOW - timedelta(hours=3), identity_id="old")
+    fetched(store, "paid", requests=40, at=day_start(NOW) - timedelta(seconds=1))  # yesterday
+    assert spend_today(store, CATALOG, now=NOW) == pytest.approx({"paid": 5 * 0.25 + 2 * 0.01, "free": 0.1})
 
 
 def queue(store: StateStore, source: str, priority_class: str, *values: str) -> list[str]:
@@ -135,13 +135,13 @@ def queue(store: StateStore, source: str, priority_class: str, *values: str) -> 
     [(0, True), (3, True), (4, False), (10, False)],  # 0.25 USD a request against a 1 USD budget
 )
 def test_a_source_over_its_budget_gets_no_background_work_but_interactive_leads_still_go(
-        sqlite_store, paid_requests_today, background_goes) -> None:
-    fetched(sqlite_store, "paid", requests=paid_requests_today, at=NOW - timedelta(minutes=5))
-    fetched(sqlite_store, "free", requests=100, at=NOW - timedelta(minutes=5))  # free: no budget, no cost
-    interactive = queue(sqlite_store, "paid", "interactive", "fresh.example")
-    recurring = queue(sqlite_store, "paid", "recurring", "a.example", "b.example")
-    free = queue(sqlite_store, "free", "backfill", "c.example")
-    plan = plan_dispatch(sqlite_store, CATALOG, max_runs=10, now=NOW)
+        store, paid_requests_today, background_goes) -> None:
+    fetched(store, "paid", requests=paid_requests_today, at=NOW - timedelta(minutes=5))
+    fetched(store, "free", requests=100, at=NOW - timedelta(minutes=5))  # free: no budget, no cost
+    interactive = queue(store, "paid", "interactive", "fresh.example")
+    recurring = queue(store, "paid", "recurring", "a.example", "b.example")
+    free = queue(store, "free", "backfill", "c.example")
+    plan = plan_dispatch(store, CATALOG, max_runs=10, now=NOW)
     handed = {(h.source, lead) for h in plan.handovers for lead in h.lead_ids}
     assert ("paid", interactive[0]) in handed
     assert ("free", free[0]) in handed
@@ -154,46 +154,46 @@ def test_a_source_over_its_budget_gets_no_background_work_but_interactive_leads_
                                   "2 background collections wait in the backlog"]
 
 
-def test_an_interactive_only_pass_over_budget_hands_over_fresh_leads_without_a_budget_note(sqlite_store) -> None:
-    fetched(sqlite_store, "paid", requests=8, at=NOW - timedelta(minutes=5))
-    queue(sqlite_store, "paid", "interactive", "fresh.example")
-    queue(sqlite_store, "paid", "recurring", "a.example")
-    plan = plan_dispatch(sqlite_store, CATALOG, max_runs=10, now=NOW, background=False)
+def test_an_interactive_only_pass_over_budget_hands_over_fresh_leads_without_a_budget_note(store) -> None:
+    fetched(store, "paid", requests=8, at=NOW - timedelta(minutes=5))
+    queue(store, "paid", "interactive", "fresh.example")
+    queue(store, "paid", "recurring", "a.example")
+    plan = plan_dispatch(store, CATALOG, max_runs=10, now=NOW, background=False)
     assert [h.priority_class.value for h in plan.handovers] == ["interactive"]
     assert not any("budget" in reason for reason in plan.reasons)
 
 
-def test_recurring_crawls_of_a_source_over_budget_are_skipped_until_the_next_utc_day(sqlite_store) -> None:
-    (lead,) = queue(sqlite_store, "paid", "interactive", "monitored.example")
-    sqlite_store.finish_dispatched("paid", lead, outcome="ok", now=NOW)
-    sqlite_store.record_collection(source="paid", lead_id=lead, outcome="ok", records=1, content_hash="h", path="/p",
+def test_recurring_crawls_of_a_source_over_budget_are_skipped_until_the_next_utc_day(store) -> None:
+    (lead,) = queue(store, "paid", "interactive", "monitored.example")
+    store.finish_dispatched("paid", lead, outcome="ok", now=NOW)
+    store.record_collection(source="paid", lead_id=lead, outcome="ok", records=1, content_hash="h", path="/p",
                                    run_id="r", now=NOW - timedelta(hours=3))
-    with sqlite_store.engine.begin() as conn:  # the interactive row is done
+    with store.engine.begin() as conn:  # the interactive row is done
         conn.execute(s.collection_queue.update().values(state="done"))
-    fetched(sqlite_store, "paid", requests=4, at=NOW - timedelta(hours=1))
-    plans = {p.source: p for p in plan_recurring(sqlite_store, CATALOG, now=NOW)}
+    fetched(store, "paid", requests=4, at=NOW - timedelta(hours=1))
+    plans = {p.source: p for p in plan_recurring(store, CATALOG, now=NOW)}
     assert plans["paid"].skipped == "budget: spent 1.00 of 1.00 USD today" and plans["paid"].queued == 0
     tomorrow = day_start(NOW) + timedelta(days=1, minutes=1)
-    plans = {p.source: p for p in plan_recurring(sqlite_store, CATALOG, now=tomorrow)}
+    plans = {p.source: p for p in plan_recurring(store, CATALOG, now=tomorrow)}
     assert plans["paid"].skipped is None and plans["paid"].queued == 1
 
 
-def test_the_spend_meter_reads_only_what_came_after_the_settled_part_of_the_day(sqlite_store) -> None:
+def test_the_spend_meter_reads_only_what_came_after_the_settled_part_of_the_day(store) -> None:
     from investigations.cost import SETTLE_S, SpendMeter
 
     meter = SpendMeter()
-    fetched(sqlite_store, "paid", requests=3, at=NOW - timedelta(hours=1))
-    fetched(sqlite_store, "paid", requests=2, at=NOW - timedelta(seconds=SETTLE_S / 2))  # may still change
-    (usage,) = meter.usage_today(sqlite_store, CATALOG.names, now=NOW)
+    fetched(store, "paid", requests=3, at=NOW - timedelta(hours=1))
+    fetched(store, "paid", requests=2, at=NOW - timedelta(seconds=SETTLE_S / 2))  # may still change
+    (usage,) = meter.usage_today(store, CATALOG.names, now=NOW)
     assert usage.requests == 5
-    with sqlite_store.engine.begin() as conn:  # the settled hour is kept, not read again
+    with store.engine.begin() as conn:  # the settled hour is kept, not read again
         conn.execute(s.fetch_log.delete().where(s.fetch_log.c.at < NOW - timedelta(seconds=SETTLE_S)))
-    fetched(sqlite_store, "paid", requests=4, at=NOW + timedelta(seconds=5))
-    (usage,) = meter.usage_today(sqlite_store, CATALOG.names, now=NOW + timedelta(seconds=10))
+    fetched(store, "paid", requests=4, at=NOW + timedelta(seconds=5))
+    (usage,) = meter.usage_today(store, CATALOG.names, now=NOW + timedelta(seconds=10))
     assert usage.requests == 3 + 2 + 4
     # The next UTC day starts from nothing; so does a meter asked about other sources.
-    assert meter.usage_today(sqlite_store, CATALOG.names, now=day_start(NOW) + timedelta(days=1)) == []
-    assert meter.usage_today(sqlite_store, ["free"], now=NOW + timedelta(seconds=10)) == []
+    assert meter.usage_today(store, CATALOG.names, now=day_start(NOW) + timedelta(days=1)) == []
+    assert meter.usage_today(store, ["free"], now=NOW + timedelta(seconds=10)) == []
 
 
 def test_a_negative_price_fails_at_load_naming_the_source_and_key() -> None:

@@ -125,8 +125,7 @@ def test_no_requests_means_no_rates_rather_than_zero_rates() -> None:
     assert f.records_per_usd is None and f.fresh_share is None and f.stalest_age_s is None
 
 
-def test_freshness_counts_only_collections_with_records_within_the_cadence(sqlite_store: StateStore) -> None:
-    store = sqlite_store
+def test_freshness_counts_only_collections_with_records_within_the_cadence(store: StateStore) -> None:
 
     def lead(value, *, joined_ago, case="open", collections=()):
         item = normalize_lead("domain", value)
@@ -201,8 +200,7 @@ def fetch(store, source, outcome, *, at, status=200, attempt=1, identity_id="dir
                                   attempt=attempt, at=at))
 
 
-def test_fleet_figures_read_from_the_store(sqlite_store: StateStore) -> None:
-    store = sqlite_store
+def test_fleet_figures_read_from_the_store(store: StateStore) -> None:
     for minutes in (1, 2, 3):
         fetch(store, "api", Outcome.OK, at=NOW - timedelta(minutes=minutes), identity_id="a")
     fetch(store, "api", Outcome.THROTTLED, status=429, attempt=2, at=NOW - timedelta(minutes=4), identity_id="a")
