@@ -6,7 +6,7 @@ import os
 
 from dagster import Definitions, EnvVar, in_process_executor
 
-from assets.fleet import dead_letters, fleet_report_job
+from assets.fleet import dead_letters, fleet_health, fleet_health_job, fleet_report_job
 from assets.health import build_source_health_checks, build_source_health_schedule
 from assets.jobs import build_source_job
 from assets.requeue import requeue_dead_letters_job
@@ -18,6 +18,7 @@ from resources.slack import SLACK_API_URL, FleetSlack
 from sensors.alerts import build_slack_alerts_sensor
 from sensors.dead_letters import dead_letter_report
 from sensors.dead_runs import build_dead_runs_sensor
+from sensors.fleet_health import fleet_health_schedule
 from sensors.new_leads import build_new_lead_sensors
 from sensors.recurring import build_recurring_sensor
 
@@ -40,10 +41,10 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         ui_url = os.environ.get("INVESTIGATIONS_UI_URL") or f"http://127.0.0.1:{settings.ui_port}"
         alerts.append(build_slack_alerts_sensor(catalog, ui_url=ui_url))
     return Definitions(
-        assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters],
+        assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters, fleet_health],
         asset_checks=[build_source_health_checks(catalog)],
-        jobs=[*jobs, fleet_report_job, requeue_dead_letters_job],
-        schedules=[build_source_health_schedule(catalog)],
+        jobs=[*jobs, fleet_report_job, fleet_health_job, requeue_dead_letters_job],
+        schedules=[fleet_health_schedule, build_source_health_schedule(catalog)],
         sensors=[*build_new_lead_sensors(catalog, jobs), build_recurring_sensor(catalog, jobs), dead_letter_report,
                  build_dead_runs_sensor(), *alerts],
         resources=resources,

@@ -4,6 +4,8 @@ Every wanted collection lives in the fleet's backlog (`collection_queue`); Dagst
 bounded amount of it. One pass decides, per source and in this order:
 
 1. the circuit: a resting source hands over nothing, and after its rest one collection, the probe;
+   the budget: a source whose spend today reached its `daily_budget_usd` hands over no background
+   work (see `investigations.cost`), interactive work still goes;
 2. interactive work: one run per lead (an investigator is waiting), within the source's
    `max_in_flight`, bounded apart from background work so a full background backlog never holds a
    fresh lead back;
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from investigations.collect import LEASE_WAIT_S, lease_ttl_s
+from investigations.cost import over_budget, spend_today
 from investigations.pacing import Circuits, jittered_start_s
 from investigations.priority import PriorityClass
 from investigations.specs import SourceCatalog, SourceSpec
@@ -223,10 +226,17 @@ def plan_dispatch(
     store.release_stale_dispatches(older_than=now - STALE_DISPATCH)
     depths = store.queue_depths(now=now)
     plan = DispatchPlan()
+    budget = _BudgetGate(store, catalog, now=now)
     for spec in catalog.sources:
         depth = depths.get(spec.name)
         if not depth or not (depth["ready"] if background else depth["ready_interactive"]):
             continue
+        background_ready = depth["ready"] - depth["ready_interactive"] if background else 0
+        if background_ready and (held := budget.reason(spec)):
+            plan.reasons.append(f"{spec.name}: {held}; {background_ready} background collections wait in the backlog")
+            background_ready = 0
+            if not depth["ready_interactive"]:
+                continue
         gate = circuit_gate(circuits, spec.name, now_s=now.timestamp())
         if gate.reason:
             plan.reasons.append(gate.reason)
@@ -236,7 +246,7 @@ def plan_dispatch(
         if gate.room is not None:  # the probe: one collection at a time, whatever its class
             limit = min(gate.room - depth["dispatched"], 1, runs_left)
             probe = store.dispatch(spec.name, limit=limit, now=now,
-                                   classes=None if background else [PriorityClass.INTERACTIVE.value])
+                                   classes=None if background_ready else [PriorityClass.INTERACTIVE.value])
             plan.handovers.extend(batches(spec, probe, order))
             continue
         rows = store.dispatch(spec.name, limit=min(spec.max_in_flight - depth["dispatched_interactive"], runs_left),
@@ -246,7 +256,6 @@ def plan_dispatch(
                 f"{spec.name}: {depth['dispatched_interactive'] + len(rows)} interactive collections in flight "
                 f"(max_in_flight {spec.max_in_flight}); {depth['ready_interactive'] - len(rows)} wait in the backlog"
             )
-        background_ready = depth["ready"] - depth["ready_interactive"] if background else 0
         handed: list[QueuedCollection] = []
         if background_ready:
             in_flight = depth["dispatched"] - depth["dispatched_interactive"]
@@ -264,6 +273,23 @@ def plan_dispatch(
                 )
         plan.handovers.extend(batches(spec, rows + handed, order))
     return plan
+
+
+class _BudgetGate:
+    """The budget rule for one planning pass: today's spend is read once, and only when a source
+    with a budget has background work to judge (most passes have none)."""
+
+    def __init__(self, store: StateStore, catalog: SourceCatalog, *, now: datetime) -> None:
+        self._store, self._catalog, self._now = store, catalog, now
+        self._spent: dict[str, float] | None = None
+
+    def reason(self, spec: SourceSpec) -> str | None:
+        """Why `spec` gets no background work now (its budget is spent), or None."""
+        if spec.daily_budget_usd <= 0:
+            return None
+        if self._spent is None:
+            self._spent = spend_today(self._store, self._catalog, now=self._now)
+        return over_budget(spec, self._spent.get(spec.name, 0.0))
 
 
 # Leads queued per source per tick; the rest are picked up on the next ticks, stalest first.
@@ -297,12 +323,16 @@ def plan_recurring(
     """Queue every source's due monitored leads for this window; return what was done and skipped."""
     now = now or utcnow()
     depths = store.queue_depths(now=now)
+    budget = _BudgetGate(store, catalog, now=now)
     plans = []
     for spec in catalog.sources:
         window = window_of(spec, now)
         gate = circuit_gate(circuits, spec.name, now_s=now.timestamp())
         if not gate.closed:
             plans.append(RecurringPlan(spec.name, window, 0, 0, f"circuit {gate.state}"))
+            continue
+        if held := budget.reason(spec):
+            plans.append(RecurringPlan(spec.name, window, 0, 0, held))
             continue
         depth = depths.get(spec.name, {})
         backlog = sum(depth.values())

@@ -207,7 +207,12 @@ class SourceSpec(_Model):
     timeout_s: Positive = 10.0
     recrawl_every_s: Positive = 86400.0
     identity_tier: str = "datacenter"
+    # Spend a day (UTC) after which the source gets no more background work (recurring crawls,
+    # backfills); interactive leads still go. 0 means no budget. See `investigations.cost`.
     daily_budget_usd: float = Field(default=0.0, ge=0)
+    # What one request to the source itself costs (an API's price per call), on top of what the
+    # identity it goes out as costs (the identities file's cost_per_request_usd and cost_per_mb_usd).
+    cost_per_request_usd: float = Field(default=0.0, ge=0)
     expected_min_records: int = Field(default=0, ge=0)
     # Known-positive leads, collected on the source's cadence: one answering with no records fails
     # the source's `canaries_pass` check before any case notices.

@@ -52,3 +52,13 @@ def test_slack_alerts_exist_only_with_a_token_which_stays_an_env_var(sandbox_env
     # What the UI shows of the resource is the variable's name, never its value.
     assert "xoxb-secret-value" not in repr(slack._get_non_default_public_field_values())
     assert defs.resolve_schedule_def("source_health_every_5_minutes") is not None
+
+
+def test_fleet_health_is_refreshed_by_a_schedule_every_minute(sandbox_env) -> None:
+    from dagster import AssetKey, DefaultScheduleStatus
+
+    defs = build_definitions(Settings.from_env())
+    schedule = defs.resolve_schedule_def("fleet_health_every_minute")
+    assert schedule.cron_schedule == "* * * * *" and schedule.default_status == DefaultScheduleStatus.RUNNING
+    job = defs.resolve_job_def(schedule.job_name)
+    assert job.asset_layer.selected_asset_keys == {AssetKey(["fleet", "health"])}
