@@ -107,19 +107,30 @@ def test_a_source_that_keeps_failing_fails_the_run_and_leaves_a_dead_letter(worl
     assert letter.lead_id == lead.id and letter.reason_group == "transient" and letter.attempts == 2
 
 
-def test_a_batch_run_collects_every_lead_of_a_partition_range(world) -> None:
+def _batch_of_four(world):
+    """Three more leads after the world's one, and a function running robust over the four."""
     settings, lead, instance, store = world
     others = [normalize_lead("domain", f"batch{i}.example") for i in range(3)]
     for other in others:
         store.add_lead(other, case_id="case-1")
     instance.add_dynamic_partitions("leads", [other.id for other in others])
     spec = load_catalog(settings.sources_path).get("robust")
-    result = materialize(
-        [build_source_asset(spec)],
-        instance=instance,
-        tags={"dagster/asset_partition_range_start": lead.id, "dagster/asset_partition_range_end": others[-1].id},
-        resources={"fleet": FleetResource()},
-    )
+
+    def run():
+        return materialize(
+            [build_source_asset(spec)],
+            instance=instance,
+            tags={"dagster/asset_partition_range_start": lead.id, "dagster/asset_partition_range_end": others[-1].id},
+            resources={"fleet": FleetResource()},
+        )
+
+    return others, run
+
+
+def test_a_batch_run_collects_every_lead_of_a_partition_range(world) -> None:
+    _, lead, _, _ = world
+    others, run = _batch_of_four(world)
+    result = run()
     mats = result.asset_materializations_for_node("sources__robust")
     assert sorted(m.partition for m in mats) == sorted([lead.id, *(o.id for o in others)])
     checks = result.get_asset_check_evaluations()
@@ -224,19 +235,10 @@ def test_a_single_lead_check_result_counts_as_the_partitions_current_result(worl
 
 
 def test_every_lead_of_a_batch_run_gets_a_current_check_result(world) -> None:
-    settings, lead, instance, store = world
-    others = [normalize_lead("domain", f"batch{i}.example") for i in range(3)]
-    for other in others:
-        store.add_lead(other, case_id="case-1")
-    instance.add_dynamic_partitions("leads", [other.id for other in others])
-    spec = load_catalog(settings.sources_path).get("robust")
+    _, lead, instance, _ = world
+    others, run = _batch_of_four(world)
     for _ in range(2):  # the second run's results replace the first's as current
-        result = materialize(
-            [build_source_asset(spec)],
-            instance=instance,
-            tags={"dagster/asset_partition_range_start": lead.id, "dagster/asset_partition_range_end": others[-1].id},
-            resources={"fleet": FleetResource()},
-        )
+        result = run()
     assert _check_partition_states(instance, "robust") == {lead.id: "SUCCEEDED", **{o.id: "SUCCEEDED" for o in others}}
     assert not [e for e in instance.all_logs(result.run_id) if "did not yield" in e.message]
 
