@@ -5,7 +5,7 @@ from dagster import Config, Failure, MetadataValue, OpExecutionContext, Output, 
 from pydantic import Field
 
 from investigations.collect import DEAD_LETTER_REASONS
-from investigations.leads import LEAD_KINDS, LeadError, normalize_lead
+from investigations.leads import LeadError, lead_id_of
 from investigations.priority import PriorityClass
 from resources.fleet import FleetResource
 
@@ -21,13 +21,10 @@ class RequeueConfig(Config):
 
 
 def _lead_id(lead: str) -> str:
-    kind, colon, value = lead.partition(":")
-    if colon and kind in LEAD_KINDS:  # lead ids have no colon: this is kind:value
-        try:
-            return normalize_lead(kind, value).id
-        except LeadError as exc:
-            raise Failure(description=f"lead {lead!r}: {exc}") from None
-    return lead
+    try:
+        return lead_id_of(lead)
+    except LeadError as exc:
+        raise Failure(description=f"lead {lead!r}: {exc}") from None
 
 
 def validate(config: RequeueConfig, sources: list[str]) -> list[str]:

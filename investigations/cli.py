@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from investigations.config import ConfigError, Settings
-from investigations.leads import LEAD_KINDS, LeadError, normalize_lead
+from investigations.leads import LeadError, lead_id_of, normalize_lead
 from investigations.specs import SpecError
 
 
@@ -21,10 +21,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_filters(args)
         return int(args.func(args) or 0)
-    except (SpecError, ConfigError, LeadError, KeyError) as exc:
+    except KeyError as exc:  # str() of a KeyError is its repr; the message is its argument
+        print(f"investigations: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    except (SpecError, ConfigError, LeadError) as exc:
         print(f"investigations: {exc}", file=sys.stderr)
         return 2
+
+
+def _check_filters(args: argparse.Namespace) -> None:
+    """Every `--source`, `--reason` and `--lead` names something that exists (KeyError, naming the
+    valid choices, if not); a `--lead` given as kind:value becomes its id."""
+    if getattr(args, "source", None) is not None:
+        from investigations.catalog import load_catalog
+
+        load_catalog(Settings.from_env().sources_path).get(args.source)
+    reason = getattr(args, "reason", None)
+    if reason is not None:
+        from investigations.collect import DEAD_LETTER_REASONS
+
+        if reason not in DEAD_LETTER_REASONS:
+            raise KeyError(f"unknown reason {reason!r} (known: {', '.join(DEAD_LETTER_REASONS)})")
+    lead = getattr(args, "lead", None)
+    if lead is not None:
+        args.lead = lead_id_of(lead)
+
+
+def _above_zero(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dlq_requeue.add_argument("--source")
     dlq_requeue.add_argument("--reason")
-    dlq_requeue.add_argument("--lead", help="a lead id")
+    dlq_requeue.add_argument("--lead", help="a lead id, or kind:value (e.g. domain:example.com)")
     dlq_requeue.add_argument("--all", action="store_true", help="requeue every dead letter")
     dlq_requeue.add_argument("--priority", default="recurring", choices=["interactive", "recurring", "backfill"])
     dlq_requeue.set_defaults(func=_dlq_requeue)
@@ -95,12 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     records.add_argument("--source", help="only this source")
     records.add_argument("--lead", help="a lead id, or kind:value (e.g. domain:example.com)")
     records.add_argument("--contains", help="only records whose fields contain this text")
-    records.add_argument("--limit", type=int, default=50)
+    records.add_argument("--limit", type=_above_zero(int), default=50)
     records.add_argument("--json", action="store_true")
     records.set_defaults(func=_records)
 
     fleet = sub.add_parser("fleet", help="per source: health, throughput, error rates, freshness, identities, spend")
-    fleet.add_argument("--hours", type=float, default=24.0, help="requests and outcomes over this many hours")
+    fleet.add_argument("--hours", type=_above_zero(float), default=24.0, help="requests and outcomes over this many hours")
     fleet.add_argument("--window-min", type=float, default=None,
                        help="rates, latency and throughput over this many minutes (default 15)")
     fleet.add_argument("--json", action="store_true", help="the figures as JSON (one line per refresh with --watch)")
@@ -146,11 +181,13 @@ def _intake(args: argparse.Namespace) -> int:
 def _demo_case(args: argparse.Namespace) -> int:
     from investigations.demo import DEMO_CASE_ID, demo_body, send_case
 
+    from investigations.devfleet import DEMO_WEBHOOK_SECRET
+
     settings = Settings.from_env()
-    if not settings.webhook_secret:
-        raise ConfigError("INVESTIGATIONS_WEBHOOK_SECRET is not set")
+    # `make run` starts its intake with the demo secret unless one is set: sign with the same.
+    secret = settings.webhook_secret or DEMO_WEBHOOK_SECRET
     url = args.intake_url or f"http://127.0.0.1:{settings.intake_port}"
-    answer = send_case(url, settings.webhook_secret, demo_body(args.case_id or DEMO_CASE_ID))
+    answer = send_case(url, secret, demo_body(args.case_id or DEMO_CASE_ID))
     print(f"HTTP {answer.status_code}: {answer.text}")
     return 0 if answer.is_success else 1
 
@@ -160,11 +197,22 @@ def _leads_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
         return 0
+    if not rows:
+        print("no leads")
+        return 0
+    table = _table("lead", "kind", "value", "cases", "source", "last outcome", "records", "last with records")
     for row in rows:
-        print(f"{row['lead_id']}  {row['kind']:<8} {row['value']}  cases: {', '.join(row['cases']) or '-'}")
-        for source, coll in sorted(row["collections"].items()):
-            success = coll["last_success_at"].isoformat(timespec="seconds") if coll["last_success_at"] else "never"
-            print(f"    {source:<12} {coll['outcome']:<7} {coll['records']:>4} records  last success {success}")
+        collections = sorted(row["collections"].items()) or [(None, None)]
+        for n, (source, coll) in enumerate(collections):
+            head = [row["lead_id"], row["kind"], row["value"], ", ".join(row["cases"]) or "-"] if n == 0 else [""] * 4
+            if coll is None:
+                table.add_row(*head, "-", "not collected", "", "")
+                continue
+            # An empty answer is an outcome, not a success: only a collection with records counts.
+            found = coll["records"] and coll["outcome"] == "ok" and coll["last_success_at"]
+            table.add_row(*head, source, coll["outcome"], str(coll["records"]),
+                          coll["last_success_at"].isoformat(timespec="seconds") if found else "never")
+    _console().print(table)
     return 0
 
 
@@ -176,9 +224,14 @@ def _leads_add(args: argparse.Namespace) -> int:
 
 
 def _cases_list(args: argparse.Namespace) -> int:
-    for case in _store(Settings.from_env()).cases_overview():
-        print(f"{case['case_id']:<32} {case['status']:<7} {case['leads']:>5} lead(s)  "
-              f"since {case['created_at'].isoformat(timespec='seconds')}")
+    cases = _store(Settings.from_env()).cases_overview()
+    if not cases:
+        print("no cases")
+        return 0
+    table = _table("case", "status", "leads", "since")
+    for case in cases:
+        table.add_row(case["case_id"], case["status"], str(case["leads"]), case["created_at"].isoformat(timespec="seconds"))
+    _console().print(table)
     return 0
 
 
@@ -217,13 +270,13 @@ def _dlq_list(args: argparse.Namespace) -> int:
         return 0
     if not letters:
         print("no dead letters")
+        return 0
+    table = _table("source", "lead", "reason", "status", "attempts", "last seen", "requeued", "last error")
     for letter in letters:
-        mark = "  [requeued]" if (letter.source, letter.lead_id) in requeued else ""
-        print(
-            f"{letter.source:<12} {letter.lead_id}  {letter.reason_group:<10} status {letter.last_status} "
-            f"attempts {letter.attempts}  last {letter.last_seen.isoformat(timespec='seconds')}  "
-            f"{letter.last_error}{mark}"
-        )
+        table.add_row(letter.source, letter.lead_id, letter.reason_group, str(letter.last_status or "-"),
+                      str(letter.attempts), letter.last_seen.isoformat(timespec="seconds"),
+                      "yes" if (letter.source, letter.lead_id) in requeued else "", letter.last_error or "")
+    _console().print(table)
     return 0
 
 
@@ -246,20 +299,19 @@ def _dlq_requeue(args: argparse.Namespace) -> int:
 def _records(args: argparse.Namespace) -> int:
     from investigations.records import query_records
 
-    lead_id = args.lead
-    kind, colon, value = (lead_id or "").partition(":")
-    if colon and kind in LEAD_KINDS:  # lead ids have no colon: this is kind:value
-        lead_id = normalize_lead(kind, value).id
-    rows = query_records(Settings.from_env().records_dir, source=args.source, lead_id=lead_id,
+    rows = query_records(Settings.from_env().records_dir, source=args.source, lead_id=args.lead,
                          contains=args.contains, limit=args.limit)
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
         return 0
     if not rows:
         print("no records")
+        return 0
+    table = _table("source", "lead", "record", "fetched", "fields")
     for row in rows:
-        print(f"{row['source']:<10} {row['lead_id']}  {row['record_key']:<18} {row['fetched_at']:%Y-%m-%d %H:%M}  "
-              f"{row['fields'][:100]}")
+        table.add_row(row["source"], row["lead_id"], row["record_key"], f"{row['fetched_at']:%Y-%m-%d %H:%M}",
+                      row["fields"])
+    _console().print(table)
     return 0
 
 
@@ -367,6 +419,16 @@ def _print_fleet(args: argparse.Namespace) -> None:
 
 
 _HEALTH_STYLE = {"ok": "green", "idle": "dim", "stale": "yellow", "stalled": "yellow", "over_budget": "yellow"}
+
+
+def _table(*columns: str):  # noqa: ANN202 - rich is imported lazily to keep `--help` fast
+    """A table whose long values wrap within their column instead of being cut."""
+    from rich.table import Table
+
+    table = Table(*columns, header_style="bold", show_edge=False)
+    for column in table.columns:
+        column.overflow = "fold"
+    return table
 
 
 def _console():  # noqa: ANN202 - rich is imported lazily to keep `--help` fast

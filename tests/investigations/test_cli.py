@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from investigations.cli import main
+from investigations.config import Settings
 from investigations.events import Outcome
+from investigations.leads import normalize_lead
 from investigations.pacing import Circuits, GapSampler, RateLanes, source_lane
 from investigations.specs import load_sources
 from investigations.store import StateStore
@@ -27,7 +29,9 @@ def state(tmp_path, monkeypatch):
 def test_dlq_list_shows_reason_status_and_attempts(state, capsys) -> None:
     assert main(["dlq", "list"]) == 0
     out = capsys.readouterr().out
-    assert "flaky" in out and "domain-1" in out and "transient" in out and "attempts 4" in out
+    (row,) = [line for line in out.splitlines() if "domain-1" in line]
+    assert [cell.strip() for cell in row.split("│")][:5] == ["flaky", "domain-1", "transient", "503", "4"]
+    assert "HTTP 503 (exhausted 4 attempts)" in out  # whole, not cut
 
 
 def test_dlq_requeue_twice_queues_once_and_says_so(state, capsys) -> None:
@@ -37,7 +41,8 @@ def test_dlq_requeue_twice_queues_once_and_says_so(state, capsys) -> None:
     assert "requeued 0 of 1 matching dead letter(s); 1 already queued" in capsys.readouterr().out
     assert state.queue_depths()["flaky"]["ready"] == 1
     main(["dlq", "list"])
-    assert "[requeued]" in capsys.readouterr().out
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "domain-1" in line]
+    assert [cell.strip() for cell in row.split("│")][6] == "yes"
 
 
 def test_dlq_requeue_without_a_filter_refuses(state, capsys) -> None:
@@ -212,3 +217,53 @@ identities:
 def test_identities_without_a_pool_says_requests_go_out_directly(state, capsys) -> None:
     assert main(["identities"]) == 0
     assert "`direct`" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["dlq", "list", "--source", "nosuch"], "unknown source 'nosuch' (known: robust, fragile, flaky, quiet, slow)"),
+        (["dlq", "requeue", "--reason", "bogus"], "unknown reason 'bogus' (known: throttled, transient,"),
+        (["identities", "--source", "nosuch"], "unknown source 'nosuch'"),
+        (["backfill", "--source", "nosuch"], "unknown source 'nosuch'"),
+        (["records", "--lead", "domain:not a domain"], "not a domain"),
+    ],
+)
+def test_a_filter_naming_nothing_is_an_error_with_the_valid_choices(state, capsys, argv, says) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"investigations: {says}") or says in err
+    assert not err.startswith('investigations: "') and "Traceback" not in err  # no Python repr
+    assert state.queue_depths() == {}  # nothing was requeued or queued
+
+
+@pytest.mark.parametrize("argv", [["fleet", "--hours", "-1"], ["records", "--limit", "0"]])
+def test_a_number_that_must_be_positive_is_refused_by_the_parser(state, capsys, argv) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and "must be above 0" in capsys.readouterr().err
+
+
+def test_a_dead_letter_is_requeued_by_its_lead_given_as_kind_and_value(state, capsys, tmp_path) -> None:
+    lead = normalize_lead("domain", "example.com")
+    state.put_dead_letter(source="robust", lead_id=lead.id, reason_group="blocked", last_status=403, attempts=2,
+                          last_error="HTTP 403")
+    assert main(["dlq", "requeue", "--lead", "domain:Example.COM"]) == 0
+    assert "requeued 1 of 1" in capsys.readouterr().out
+
+
+def test_the_cli_finds_the_project_s_state_from_any_folder(monkeypatch, tmp_path) -> None:
+    from investigations.config import project_root
+
+    project = tmp_path / "project"
+    (project / "deep" / "down").mkdir(parents=True)
+    for marker in ("workspace.yaml", "sources.yaml"):
+        (project / marker).write_text("")
+    monkeypatch.delenv("INVESTIGATIONS_HOME", raising=False)
+    assert project_root({}, cwd=project / "deep" / "down") == project
+    assert project_root({"INVESTIGATIONS_HOME": str(tmp_path)}, cwd=project) == tmp_path
+    # Outside any project folder: the project this package was installed from.
+    assert project_root({}, cwd=tmp_path) == Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(project / "deep")
+    settings = Settings.from_env({})
+    assert settings.data_dir == project / ".investigations" and settings.sources_path == project / "sources.yaml"
