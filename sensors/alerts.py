@@ -27,7 +27,7 @@ from investigations.specs import SourceCatalog
 from resources.fleet import FleetResource
 from resources.slack import FleetSlack
 
-INTERVAL_S = 60
+INTERVAL_S = 30
 
 
 def conditions(instance: DagsterInstance, fleet: FleetResource, catalog: SourceCatalog) -> dict[str, Condition]:

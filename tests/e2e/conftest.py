@@ -17,10 +17,12 @@ import yaml
 from dagster import DagsterInstance
 
 from investigations.devfleet import DAGSTER_ENV, stop_all, wait_http
+from tests.fakes import FakeSlack
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_BATCH_SOURCES = ("slow", "quiet")
 SECRET = "whsec_ZTJlLXRlc3Qtc2VjcmV0LWZvci10aGUtaW50YWtl"
+SLACK_TOKEN = "xoxb-e2e-slack-token-value"
 
 
 def free_port() -> int:
@@ -39,6 +41,7 @@ class Fleet:
     logs: Path
 
     instance: DagsterInstance
+    slack: FakeSlack
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +66,7 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             entry["timeout_s"] = 30  # their answers are slowed down on purpose in the priority test
     sources_path = base / "sources.yaml"
     sources_path.write_text(yaml.safe_dump(sources, sort_keys=False))
+    slack = FakeSlack()  # the daemon's alert sensor posts to it over loopback
     env = {
         **os.environ,
         "DAGSTER_HOME": str(dagster_home),
@@ -71,6 +75,9 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "INVESTIGATIONS_SANDBOX_URL": sandbox.url,
         "INVESTIGATIONS_WEBHOOK_SECRET": SECRET,
         "INVESTIGATIONS_INTAKE_PORT": str(intake_port),
+        "INVESTIGATIONS_SLACK_TOKEN": SLACK_TOKEN,
+        "INVESTIGATIONS_SLACK_API_URL": slack.url,
+        "INVESTIGATIONS_SLACK_CHANNEL": "#fleet-e2e",
         **DAGSTER_ENV,
     }
     bin_dir = Path(sys.executable).parent
@@ -82,9 +89,10 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             intake_url = f"http://127.0.0.1:{intake_port}"
             wait_http(f"{intake_url}/healthz", timeout_s=30, procs=procs)
             yield Fleet(env=env, sources_path=sources_path, intake_url=intake_url, data_dir=data_dir, dagster_home=dagster_home, logs=logs,
-                        instance=instance)
+                        instance=instance, slack=slack)
         finally:
             stop_all(procs)
+            slack.close()
 
 
 def _start_logged(cmd: list[str], env: dict[str, str], log) -> subprocess.Popen[bytes]:
