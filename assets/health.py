@@ -23,6 +23,7 @@ from dagster import (
 
 from assets.naming import SOURCE_CHECK_NAMES, source_asset_key
 from assets.sources import severity_of, verdict_metadata
+from investigations.cost import spend_today
 from investigations.degradation import judge_source
 from investigations.specs import SourceCatalog
 from investigations.store.state import utcnow
@@ -39,6 +40,7 @@ DESCRIPTIONS = {
                 "against the day before.",
     "volume": "Records per collection and the size of answers in the last hour did not drop against the "
               "week before.",
+    "budget": "The source's spend today is under its daily_budget_usd (once spent, background work waits).",
 }
 
 
@@ -46,23 +48,25 @@ def source_check_specs(catalog: SourceCatalog) -> list[AssetCheckSpec]:
     """Every source's checks (canaries only where the source names some)."""
     return [AssetCheckSpec(name, asset=source_asset_key(spec.name), description=DESCRIPTIONS[judgement])
             for spec in catalog.sources for judgement, name in SOURCE_CHECK_NAMES.items()
-            if judgement != "canaries" or spec.canaries]
+            if (judgement != "canaries" or spec.canaries) and (judgement != "budget" or spec.daily_budget_usd > 0)]
 
 
 def build_source_health_checks(catalog: SourceCatalog) -> AssetChecksDefinition:
     specs = source_check_specs(catalog)
 
     @multi_asset_check(specs=specs, can_subset=True, name="judge_sources",
-                       description="Each source judged as a whole: freshness, canaries, refusals, volume.")
+                       description="Each source judged as a whole: freshness, canaries, refusals, volume, budget.")
     def source_health(context: AssetCheckExecutionContext, fleet: FleetResource) -> Iterator[AssetCheckResult]:
         now = utcnow()
+        spent = spend_today(fleet.store, catalog, now=now)
         selected = context.selected_asset_check_keys
         for spec in catalog.sources:
             key = source_asset_key(spec.name)
             wanted = {j: n for j, n in SOURCE_CHECK_NAMES.items() if AssetCheckKey(key, n) in selected}
             if not wanted:
                 continue
-            for judgement, verdict in judge_source(fleet.store, spec, now=now).items():
+            for judgement, verdict in judge_source(fleet.store, spec, now=now,
+                                                   spent_today_usd=spent.get(spec.name, 0.0)).items():
                 if judgement in wanted:
                     yield AssetCheckResult(asset_key=key, check_name=wanted[judgement], passed=verdict.passed,
                                            severity=severity_of(verdict), description=verdict.description,

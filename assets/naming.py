@@ -13,6 +13,7 @@ SOURCE_CHECK_NAMES = {
     "canaries": "canaries_pass",
     "refusals": "not_refusing",
     "volume": "volume_steady",
+    "budget": "within_budget",
 }
 
 

@@ -40,11 +40,13 @@ from dagster._core.instance import DagsterInstance
 from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, source_asset_key
 from assets.partitions import leads_partitions
 from investigations.collect import CollectionFailed, CollectionParked, CollectionResult
+from investigations.cost import collection_cost_usd, identity_prices, over_budget, spend_today
 from investigations.degradation import BASELINE_COLLECTIONS, Verdict, answer_verdict
 from investigations.dispatch import batch_size
 from investigations.priority import BACKGROUND_NICENESS, HANDOVER_TAG, is_background
 from investigations.specs import SourceSpec
 from investigations.store import StateStore
+from investigations.store.state import utcnow
 from resources.fleet import FleetResource
 
 def retry_policy_for(spec: SourceSpec) -> RetryPolicy:
@@ -140,7 +142,14 @@ def latest_materialization(
     )
 
 
-def materialization(spec: SourceSpec, result: CollectionResult) -> AssetMaterialization:
+def materialization(spec: SourceSpec, result: CollectionResult, *, cost_usd: float | None = None,
+                    over_budget: bool = False) -> AssetMaterialization:
+    extra: dict[str, object] = {}
+    if cost_usd is not None:
+        extra["cost_usd"] = round(cost_usd, 6)
+    if over_budget:
+        # Interactive work still runs past the budget; this says it did.
+        extra["over_budget"] = True
     return AssetMaterialization(
         asset_key=source_asset_key(spec.name),
         partition=result.lead_id,
@@ -159,6 +168,7 @@ def materialization(spec: SourceSpec, result: CollectionResult) -> AssetMaterial
             # Who the requests went out as: ids only, never a proxy URL or credential.
             "identity_ids": MetadataValue.json(result.identity_ids),
             "lease_ids": MetadataValue.json(result.lease_ids),
+            **extra,
         },
     )
 
@@ -228,6 +238,9 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 yield empty_check(spec, lead_id, verdict, [], latest_materialization(context.instance, key, lead_id))
             return
         baselines = Baselines(fleet.store, spec)
+        prices = identity_prices(fleet.store)
+        spent = spend_today(fleet.store, fleet.catalog, now=utcnow()).get(spec.name, 0.0)
+        past_budget = over_budget(spec, spent) is not None
         lower_cpu_priority_if_background(context.run.tags)
         failures: list[CollectionFailed] = []
         with ThreadPoolExecutor(max_workers=min(spec.concurrency, len(lead_ids)),
@@ -240,7 +253,9 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 for lead_id, outcome in zip(lead_ids, outcomes):
                     if isinstance(outcome, CollectionResult):
                         # Stored in the event log before the generator resumes, so its id is known.
-                        yield materialization(spec, outcome)
+                        cost = collection_cost_usd(fleet.store, spec, lead_id=lead_id, run_id=context.run.run_id,
+                                                   prices=prices)
+                        yield materialization(spec, outcome, cost_usd=cost, over_budget=past_budget)
                         if check_selected:
                             verdict = baselines.judge(lead_id, outcome.lead_kind, outcome.records,
                                                       outcome.common_fields)

@@ -228,8 +228,23 @@ def canary_verdict(canaries: Sequence[CanaryState], *, expected_min: int) -> Ver
                    "all with records", details=details)
 
 
-def judge_source(store: StateStore, spec: SourceSpec, *, now: datetime) -> dict[str, Verdict]:
-    """Every source-level judgement, from the state store: `fresh`, `canaries`, `refusals`, `volume`."""
+def budget_verdict(spent_usd: float, budget_usd: float) -> Verdict:
+    """A source whose spend today reached its daily budget gets no background work (WARN): its
+    recurring crawls and backfills wait for the next UTC day; interactive leads still run."""
+    details: dict[str, float | int | str | None] = {"spent_today_usd": round(spent_usd, 4),
+                                                     "daily_budget_usd": budget_usd}
+    if budget_usd > 0 and spent_usd >= budget_usd:
+        return Verdict(False, "warn", round(spent_usd, 4), budget_usd,
+                       f"spent {spent_usd:.2f} of its {budget_usd:.2f} USD budget today: recurring and backfill "
+                       "work waits for the next UTC day; interactive leads still run", details=details)
+    return Verdict(True, "warn", round(spent_usd, 4), budget_usd,
+                   f"spent {spent_usd:.2f} of {budget_usd:.2f} USD today", details=details)
+
+
+def judge_source(store: StateStore, spec: SourceSpec, *, now: datetime,
+                 spent_today_usd: float | None = None) -> dict[str, Verdict]:
+    """Every source-level judgement, from the state store: `fresh`, `canaries`, `refusals`, `volume`
+    and, given the day's spend of a source with a budget, `budget`."""
     verdicts = {"fresh": freshness_verdict(store.monitored_freshness(spec.name, lead_kinds=spec.lead_kinds),
                                            cadence_s=spec.recrawl_every_s, now=now)}
     states = []
@@ -252,4 +267,6 @@ def judge_source(store: StateStore, spec: SourceSpec, *, now: datetime) -> dict[
     verdicts["volume"] = volume_verdict(
         Volume(*store.collection_volume(spec.name, since=volume_since), ok_bytes=recent_bytes),
         Volume(*store.collection_volume(spec.name, since=volume_before, until=volume_since), ok_bytes=before_bytes))
+    if spent_today_usd is not None and spec.daily_budget_usd > 0:
+        verdicts["budget"] = budget_verdict(spent_today_usd, spec.daily_budget_usd)
     return verdicts

@@ -251,3 +251,19 @@ def test_a_materialization_names_its_lead_and_row_count(world) -> None:
     metadata = event.asset_materialization.metadata
     assert metadata["lead_kind"].value == "domain" and metadata["lead_value"].value == "example.com"
     assert metadata["dagster/row_count"].value == metadata["records"].value >= 1
+
+
+def test_a_materialization_carries_its_cost_and_marks_work_done_past_the_budget(world, tmp_path, monkeypatch) -> None:
+    settings, lead, instance, store = world
+    text = (Path(settings.sources_path).read_text()
+            .replace("    daily_budget_usd: 5\n", "    daily_budget_usd: 0.001\n    cost_per_request_usd: 0.01\n", 1))
+    (tmp_path / "priced.yaml").write_text(text)
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(tmp_path / "priced.yaml"))
+    spec = parse_sources(text).get("robust")
+    _materialize(spec, lead, instance)
+    first = instance.get_latest_materialization_event(source_asset_key("robust")).asset_materialization.metadata
+    assert first["cost_usd"].value == pytest.approx(0.01 * first["requests"].value)
+    assert "over_budget" not in first  # nothing was spent when the run began
+    _materialize(spec, lead, instance)
+    second = instance.get_latest_materialization_event(source_asset_key("robust")).asset_materialization.metadata
+    assert second["over_budget"].value is True

@@ -158,3 +158,13 @@ def test_a_silently_empty_source_is_judged_stale_and_its_canary_failing_from_the
     assert verdicts["fresh"].passed is False and verdicts["fresh"].details["monitored_leads"] == 2  # the canary is in no case
     assert verdicts["canaries"].passed is False and "canary.example" in verdicts["canaries"].examples[0]
     assert verdicts["refusals"].passed is False and verdicts["refusals"].severity == "error"
+
+
+@pytest.mark.parametrize(("spent", "budget", "passed"), [(1.0, 5.0, True), (5.0, 5.0, False), (7.5, 5.0, False)])
+def test_a_spent_budget_warns_that_background_work_waits(spent, budget, passed) -> None:
+    from investigations.degradation import budget_verdict
+
+    verdict = budget_verdict(spent, budget)
+    assert (verdict.passed, verdict.severity) == (passed, "warn")
+    if not passed:
+        assert "interactive leads still run" in verdict.description
