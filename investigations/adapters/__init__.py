@@ -9,11 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from investigations.adapters.base import Adapter, ParsedRecord, ParseError, PlannedRequest
+from investigations.adapters.cdx import CdxAdapter
+from investigations.adapters.doh import DohAdapter
 from investigations.adapters.html import HtmlAdapter
 from investigations.adapters.json_api import JsonApiAdapter
+from investigations.adapters.rdap import RdapAdapter
 from investigations.specs import SourceSpec
 
-ADAPTERS: dict[str, Callable[[SourceSpec], Adapter]] = {"json_api": JsonApiAdapter, "html": HtmlAdapter}
+ADAPTERS: dict[str, Callable[[SourceSpec], Adapter]] = {
+    "json_api": JsonApiAdapter, "html": HtmlAdapter, "cdx": CdxAdapter, "rdap": RdapAdapter, "doh": DohAdapter,
+}
 
 
 def build_adapter(spec: SourceSpec) -> Adapter:
@@ -28,10 +33,13 @@ def build_adapter(spec: SourceSpec) -> Adapter:
 __all__ = [
     "ADAPTERS",
     "Adapter",
+    "CdxAdapter",
+    "DohAdapter",
     "HtmlAdapter",
     "JsonApiAdapter",
     "ParseError",
     "ParsedRecord",
     "PlannedRequest",
+    "RdapAdapter",
     "build_adapter",
 ]

@@ -24,10 +24,13 @@ class JsonApiAdapter(TemplateAdapter):
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
             raise ParseError(f"source {self.spec.name!r}: body is not valid JSON ({exc})") from None
         items = dig(document, config.records_path) if config.records_path else document
+        if config.one_record and isinstance(items, dict):
+            items = [items]
         if not isinstance(items, list):
             found = "nothing" if items is _MISSING else f"a {type(items).__name__}"
             where = f"records_path {config.records_path!r}" if config.records_path else "the top level"
-            raise ParseError(f"source {self.spec.name!r}: {where} holds {found}, not a list of records")
+            wanted = "an object (one_record)" if config.one_record else "a list of records"
+            raise ParseError(f"source {self.spec.name!r}: {where} holds {found}, not {wanted}")
         base = page_base(url)
         records = []
         for item in items:

@@ -1,0 +1,121 @@
+"""Captures from a CDX server: the Wayback Machine's CDX API and the Common Crawl index.
+
+Both speak pywb's CDX query language. The Wayback Machine answers `output=json` with an array of
+rows whose first row names the columns (and, with `showResumeKey`, an empty row and a resume key
+after the last capture); Common Crawl answers one JSON object per line. A record is one capture,
+keyed by its SURT url key and timestamp, so the same capture is the same record on every crawl.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+from investigations.adapters.base import ParsedRecord, ParseError, PlannedRequest, TemplateAdapter, fill_template, make_record, page_base
+from investigations.adapters.cache import BOOTSTRAPS
+from investigations.leads import Lead
+from investigations.specs import CdxParse
+
+
+class CdxAdapter(TemplateAdapter):
+    """Plans a CDX query per lead (its `matchType` by lead kind) and parses its captures."""
+
+    @property
+    def config(self) -> CdxParse:
+        config = self.spec.parse
+        assert isinstance(config, CdxParse), "a cdx source always has a CdxParse"
+        return config
+
+    def requests_for(self, lead: Lead) -> list[PlannedRequest]:
+        """The query for `lead`; with `index_catalog`, first the collection list unless cached."""
+        if not self.spec.accepts(lead.kind):
+            return []
+        if not self.config.index_catalog:
+            return [PlannedRequest(self.spec.request.method, self._with_match(fill_template(self.spec.request.url, lead), lead),
+                                   self.headers())]
+        index = BOOTSTRAPS.get(self.spec.request.url, ttl_s=self.config.catalog_ttl_s)
+        if index is None:
+            return [PlannedRequest("GET", self.spec.request.url, self.headers(), collects=False)]
+        return [self._index_query(index, lead)]
+
+    def follow(self, lead: Lead, request: PlannedRequest, body: bytes) -> list[PlannedRequest]:
+        """After the collection list: the query to its newest index (which is then cached)."""
+        if request.collects:
+            return []
+        index = newest_index(body)
+        BOOTSTRAPS.put(self.spec.request.url, index)
+        return [self._index_query(index, lead)]
+
+    def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:
+        """One record per capture; ParseError when the body is not the configured format."""
+        rows = _json_rows(body) if self.config.format == "json_rows" else _ndjson(body)
+        base = page_base(url)
+        records = []
+        for row in rows:
+            fields = {name: row.get(column) for name, column in self.config.fields.items()} if self.config.fields else row
+            key = f"{row.get('urlkey', '')} {row.get('timestamp', '')}".strip() or None
+            records.append(make_record(fields, page_url=base, raw_key=key))
+        return records
+
+    def _index_query(self, index: str, lead: Lead) -> PlannedRequest:
+        url = f"{index}?{fill_template(self.config.query, lead)}" if self.config.query else index
+        return PlannedRequest("GET", self._with_match(url, lead), self.headers())
+
+    def _with_match(self, url: str, lead: Lead) -> str:
+        match = self.config.match_type.get(lead.kind)
+        if not match:
+            return url
+        return f"{url}{'&' if '?' in url else '?'}matchType={quote(match, safe='')}"
+
+
+def newest_index(body: bytes) -> str:
+    """The CDX endpoint of the newest collection in Common Crawl's `collinfo.json`.
+
+    Ids are `CC-MAIN-<year>-<week>`, which sort by time; the list's order is not relied on.
+    """
+    try:
+        collections = json.loads(body)
+    except ValueError as exc:
+        raise ParseError(f"collection list is not valid JSON ({exc})") from None
+    usable = [c for c in collections if isinstance(c, dict) and isinstance(c.get("id"), str)
+              and isinstance(c.get("cdx-api"), str) and c["cdx-api"].startswith(("http://", "https://"))] \
+        if isinstance(collections, list) else []
+    if not usable:
+        raise ParseError("collection list names no collection with a cdx-api url")
+    return max(usable, key=lambda c: c["id"])["cdx-api"]
+
+
+def _json_rows(body: bytes) -> list[dict[str, Any]]:
+    try:
+        rows = json.loads(body) if body.strip() else []
+    except ValueError as exc:
+        raise ParseError(f"CDX answer is not valid JSON ({exc})") from None
+    if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+        raise ParseError("CDX answer is not an array of rows")
+    if not rows:
+        return []
+    header, captures = rows[0], rows[1:]
+    if not all(isinstance(name, str) for name in header):
+        raise ParseError("CDX answer's first row is not a header of column names")
+    out = []
+    for row in captures:
+        if not row:
+            break  # showResumeKey: an empty row, then the key to ask the next page with
+        out.append(dict(zip(header, row, strict=False)))
+    return out
+
+
+def _ndjson(body: bytes) -> list[dict[str, Any]]:
+    out = []
+    for number, line in enumerate(body.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ParseError(f"CDX line {number} is not valid JSON ({exc})") from None
+        if not isinstance(row, dict):
+            raise ParseError(f"CDX line {number} is not an object")
+        out.append(row)
+    return out
