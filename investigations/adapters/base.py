@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
-from urllib.parse import quote, urljoin
+from urllib.parse import quote, urljoin, urlsplit
 
 from investigations.classify import Answer, Verdict, judge_answer
 from investigations.fetcher import redact_url
@@ -83,6 +83,13 @@ class TemplateAdapter:
             headers["Authorization"] = f"Bearer {self.spec.request.bearer_token}"
         return headers
 
+    def headers_for(self, url: str) -> dict[str, str]:
+        """The headers for a planned url: all of them at the source's own origin; elsewhere (a server
+        a bootstrap file names) only `Accept`, since the others may carry a key meant for the source."""
+        if _origin(url) == _origin(self.spec.request.url):
+            return self.headers()
+        return {k: v for k, v in self.spec.request.headers.items() if k.lower() == "accept"}
+
     def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -115,6 +122,11 @@ def make_record(fields: dict[str, Any], *, page_url: str, raw_key: Any) -> Parse
         key = raw_key if isinstance(raw_key, str) else canonical_json(raw_key)
     link = next((fields[name] for name in URL_FIELDS if isinstance(fields.get(name), str) and fields[name]), None)
     return ParsedRecord(key=key, url=urljoin(page_url, link) if link else page_url, fields=fields)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
 
 
 def canonical_json(value: Any) -> str:

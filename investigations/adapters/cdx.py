@@ -12,7 +12,15 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from investigations.adapters.base import ParsedRecord, ParseError, PlannedRequest, TemplateAdapter, fill_template, make_record, page_base
+from investigations.adapters.base import (
+    ParsedRecord,
+    ParseError,
+    PlannedRequest,
+    TemplateAdapter,
+    fill_template,
+    make_record,
+    page_base,
+)
 from investigations.adapters.cache import BOOTSTRAPS
 from investigations.leads import Lead
 from investigations.specs import CdxParse
@@ -32,8 +40,8 @@ class CdxAdapter(TemplateAdapter):
         if not self.spec.accepts(lead.kind):
             return []
         if not self.config.index_catalog:
-            return [PlannedRequest(self.spec.request.method, self._with_match(fill_template(self.spec.request.url, lead), lead),
-                                   self.headers())]
+            url = self._with_match(fill_template(self.spec.request.url, lead), lead)
+            return [PlannedRequest(self.spec.request.method, url, self.headers())]
         index = BOOTSTRAPS.get(self.spec.request.url, ttl_s=self.config.catalog_ttl_s)
         if index is None:
             return [PlannedRequest("GET", self.spec.request.url, self.headers(), collects=False)]
@@ -53,14 +61,16 @@ class CdxAdapter(TemplateAdapter):
         base = page_base(url)
         records = []
         for row in rows:
-            fields = {name: row.get(column) for name, column in self.config.fields.items()} if self.config.fields else row
+            fields = ({name: row.get(column) for name, column in self.config.fields.items()}
+                      if self.config.fields else row)
             key = f"{row.get('urlkey', '')} {row.get('timestamp', '')}".strip() or None
             records.append(make_record(fields, page_url=base, raw_key=key))
         return records
 
     def _index_query(self, index: str, lead: Lead) -> PlannedRequest:
         url = f"{index}?{fill_template(self.config.query, lead)}" if self.config.query else index
-        return PlannedRequest("GET", self._with_match(url, lead), self.headers())
+        url = self._with_match(url, lead)
+        return PlannedRequest("GET", url, self.headers_for(url))
 
     def _with_match(self, url: str, lead: Lead) -> str:
         match = self.config.match_type.get(lead.kind)

@@ -13,7 +13,15 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from investigations.adapters.base import ParsedRecord, ParseError, PlannedRequest, TemplateAdapter, fill_template, make_record, page_base
+from investigations.adapters.base import (
+    ParsedRecord,
+    ParseError,
+    PlannedRequest,
+    TemplateAdapter,
+    fill_template,
+    make_record,
+    page_base,
+)
 from investigations.classify import Answer, Verdict
 from investigations.events import Outcome
 from investigations.leads import Lead

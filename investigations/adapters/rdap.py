@@ -13,7 +13,14 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from investigations.adapters.base import ParsedRecord, ParseError, PlannedRequest, TemplateAdapter, make_record, page_base
+from investigations.adapters.base import (
+    ParsedRecord,
+    ParseError,
+    PlannedRequest,
+    TemplateAdapter,
+    make_record,
+    page_base,
+)
 from investigations.adapters.cache import BOOTSTRAPS
 from investigations.leads import Lead
 from investigations.specs import RdapParse
@@ -91,7 +98,8 @@ class RdapAdapter(TemplateAdapter):
         if base is None:
             tld = lead.value.rsplit(".", 1)[-1]
             raise ParseError(f"source {self.spec.name!r}: IANA's bootstrap lists no RDAP service for .{tld}")
-        return PlannedRequest("GET", f"{base}domain/{quote(lead.value, safe='')}", dict(self.spec.request.headers))
+        url = f"{base}domain/{quote(lead.value, safe='')}"
+        return PlannedRequest("GET", url, self.headers_for(url))
 
 
 def parse_bootstrap(body: bytes) -> dict[str, str]:

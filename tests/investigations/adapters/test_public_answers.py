@@ -17,11 +17,14 @@ from investigations.adapters import ParseError, PlannedRequest, build_adapter
 from investigations.adapters.cache import BOOTSTRAPS
 from investigations.adapters.cdx import newest_index
 from investigations.adapters.rdap import parse_bootstrap, server_for
+from investigations.classify import Answer
 from investigations.events import Outcome
 from investigations.fetcher import Fetcher, FetchFailed, FetchParked
 from investigations.leads import normalize_lead
+from investigations.specs import parse_sources
 from tests.fakes import FakeTime
-from tests.public_sources import NOW, public_catalog, recorded
+from investigations.specs import parse_sources
+from tests.public_sources import NOW, PUBLIC_SOURCES, public_catalog, recorded
 
 CATALOG = public_catalog()
 
@@ -241,8 +244,6 @@ def test_github_403_without_rate_limit_signs_is_blocked() -> None:
 def test_github_last_allowance_answers_ok_and_floors_the_lane_until_reset() -> None:
     spec = CATALOG.get("github_users")
     answer = recorded("github_users", "last_allowance")
-    from investigations.classify import Answer
-
     verdict = build_adapter(spec).judge(Answer(answer.status, answer.headers, answer.body), now=NOW)
     assert verdict is not None and verdict.outcome is Outcome.OK and verdict.retry_after_s == pytest.approx(1200)
 
@@ -352,3 +353,15 @@ def test_github_token_is_sent_as_a_bearer_header_only_when_set() -> None:
     assert "Authorization" not in anonymous.headers
     assert authorized.headers["Authorization"] == "Bearer ghp_test_token_0123456789"
     assert authorized.headers["X-GitHub-Api-Version"] == "2022-11-28"
+
+
+def test_a_server_named_by_a_bootstrap_file_gets_only_the_accept_header() -> None:
+    text = (PUBLIC_SOURCES.read_text().replace('headers: {Accept: "application/rdap+json, application/json"}',
+                                               'headers: {Accept: application/rdap+json, X-Api-Key: "${RDAP_KEY}"}'))
+    spec = parse_sources(text, env={"RDAP_KEY": "key-for-iana-only-0123"}).get("rdap")
+    adapter = build_adapter(spec)
+    lead = normalize_lead("domain", "example.com")
+    [bootstrap] = adapter.requests_for(lead)
+    [lookup] = adapter.follow(lead, bootstrap, recorded("rdap", "bootstrap").body)
+    assert bootstrap.headers == {"Accept": "application/rdap+json", "X-Api-Key": "key-for-iana-only-0123"}
+    assert lookup.headers == {"Accept": "application/rdap+json"}
