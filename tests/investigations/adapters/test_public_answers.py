@@ -23,7 +23,6 @@ from investigations.fetcher import Fetcher, FetchFailed, FetchParked
 from investigations.leads import normalize_lead
 from investigations.specs import parse_sources
 from tests.fakes import FakeTime
-from investigations.specs import parse_sources
 from tests.public_sources import NOW, PUBLIC_SOURCES, public_catalog, recorded
 
 CATALOG = public_catalog()
