@@ -182,6 +182,16 @@ class AnswersSpec(_Model):
         return self
 
 
+class PagesSpec(_Model):
+    """A paged answer: the next page is asked with `param` while the answer's `count_path` (its
+    number of pages) says there is one, up to `max_pages` pages per lead."""
+
+    param: str = Field(min_length=1)
+    count_path: str = Field(min_length=1)
+    first: int = Field(default=0, ge=0)
+    max_pages: int = Field(default=1, ge=1, le=20)
+
+
 class JsonApiParse(_Model):
     """Records from a JSON response: a dotted path to the list, and fields picked from each item."""
 
@@ -191,6 +201,7 @@ class JsonApiParse(_Model):
     fields: dict[str, str] = Field(default_factory=dict)
     # The answer is one record (a profile, an account), not a list of them.
     one_record: bool = False
+    pages: PagesSpec | None = None
 
 
 class CdxParse(_Model):
@@ -208,6 +219,9 @@ class CdxParse(_Model):
     index_catalog: bool = False
     catalog_ttl_s: Positive = 86400.0
     query: str = ""
+    # json_rows with `showResumeKey=true` in the query: further pages asked with the resume key
+    # the server puts after the last capture, up to this many pages per lead.
+    max_pages: int = Field(default=1, ge=1, le=20)
 
     @field_validator("query")
     @classmethod

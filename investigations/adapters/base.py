@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
 
 from investigations.classify import Answer, Verdict, judge_answer
 from investigations.fetcher import redact_url
@@ -38,6 +38,8 @@ class PlannedRequest:
     # False: the answer holds no records but what to ask next (a bootstrap file, an index list);
     # the adapter's `follow` reads it.
     collects: bool = True
+    # Which page of a paged answer this asks for, counted from 0 (`follow` plans the next).
+    page: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,13 @@ class TemplateAdapter:
     def follow(self, lead: Lead, request: PlannedRequest, body: bytes) -> list[PlannedRequest]:
         """Requests an answer calls for; a one-request source has none."""
         return []
+
+
+def with_param(url: str, name: str, value: str) -> str:
+    """`url` with the query parameter `name` set to `value` (replaced if there, else appended)."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != name]
+    return urlunsplit(parts._replace(query=urlencode([*query, (name, value)], quote_via=quote)))
 
 
 def fill_template(template: str, lead: Lead) -> str:

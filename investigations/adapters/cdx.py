@@ -20,6 +20,7 @@ from investigations.adapters.base import (
     fill_template,
     make_record,
     page_base,
+    with_param,
 )
 from investigations.adapters.cache import BOOTSTRAPS
 from investigations.leads import Lead
@@ -48,9 +49,16 @@ class CdxAdapter(TemplateAdapter):
         return [self._index_query(index, lead)]
 
     def follow(self, lead: Lead, request: PlannedRequest, body: bytes) -> list[PlannedRequest]:
-        """After the collection list: the query to its newest index (which is then cached)."""
+        """After the collection list: the query to its newest index (which is then cached); after
+        a page of captures that ends in a resume key: the next page, up to `parse.max_pages`."""
         if request.collects:
-            return []
+            if self.config.format != "json_rows" or request.page + 1 >= self.config.max_pages:
+                return []
+            key = resume_key(body)
+            if key is None:
+                return []
+            url = with_param(request.url, "resumeKey", key)
+            return [PlannedRequest(request.method, url, dict(request.headers), page=request.page + 1)]
         index = newest_index(body)
         BOOTSTRAPS.put(self.spec.request.url, index)
         return [self._index_query(index, lead)]
@@ -94,6 +102,18 @@ def newest_index(body: bytes) -> str:
     if not usable:
         raise ParseError("collection list names no collection with a cdx-api url")
     return max(usable, key=lambda c: c["id"])["cdx-api"]
+
+
+def resume_key(body: bytes) -> str | None:
+    """The key after the last capture of a `showResumeKey` answer (an empty row, then `[key]`)."""
+    try:
+        rows = json.loads(body)
+    except ValueError:
+        return None
+    if (isinstance(rows, list) and len(rows) >= 2 and rows[-2] == [] and isinstance(rows[-1], list)
+            and len(rows[-1]) == 1 and isinstance(rows[-1][0], str) and rows[-1][0]):
+        return rows[-1][0]
+    return None
 
 
 def _json_rows(body: bytes) -> list[dict[str, Any]]:

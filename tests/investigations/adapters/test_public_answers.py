@@ -30,7 +30,7 @@ CATALOG = public_catalog()
 # The request each source's answer comes back to (the lookup itself, after any bootstrap).
 LOOKUP_URLS = {
     "crtsh": "https://crt.sh/?q=%25.example.com&output=json",
-    "wayback": "https://web.archive.org/cdx/search/cdx?url=example.com&output=json&matchType=domain",
+    "wayback": "https://web.archive.org/cdx/search/cdx?url=example.com&output=json&showResumeKey=true&matchType=domain",
     "rdap": "https://rdap.verisign.com/com/v1/domain/example.com",
     "dns": "https://dns.google/resolve?name=example.com&type=A",
     "hackernews": "https://hn.algolia.com/api/v1/search?query=example.com&hitsPerPage=100",
@@ -301,7 +301,7 @@ def test_cdx_match_type_follows_the_lead_kind() -> None:
     adapter = build_adapter(CATALOG.get("wayback"))
     [domain] = adapter.requests_for(normalize_lead("domain", "example.com"))
     [url] = adapter.requests_for(normalize_lead("url", "https://example.com/a?b=1"))
-    assert domain.url.endswith("url=example.com&output=json&collapse=digest&limit=1000&matchType=domain")
+    assert domain.url.endswith("url=example.com&output=json&collapse=digest&limit=1000&showResumeKey=true&matchType=domain")
     assert "url=https%3A%2F%2Fexample.com%2Fa%3Fb%3D1&" in url.url and url.url.endswith("&matchType=exact")
 
 
@@ -364,3 +364,27 @@ def test_a_server_named_by_a_bootstrap_file_gets_only_the_accept_header() -> Non
     [lookup] = adapter.follow(lead, bootstrap, recorded("rdap", "bootstrap").body)
     assert bootstrap.headers == {"Accept": "application/rdap+json", "X-Api-Key": "key-for-iana-only-0123"}
     assert lookup.headers == {"Accept": "application/rdap+json"}
+
+
+def test_hackernews_asks_further_pages_while_there_are_some_up_to_its_cap() -> None:
+    adapter = build_adapter(CATALOG.get("hackernews"))
+    lead = normalize_lead("domain", "example.com")
+    [first] = adapter.requests_for(lead)
+    [second] = adapter.follow(lead, first, b'{"hits": [], "nbPages": 7, "page": 0}')
+    [third] = adapter.follow(lead, second, b'{"hits": [], "nbPages": 7, "page": 1}')
+    assert (second.page, third.page) == (1, 2)
+    assert second.url.endswith("query=example.com&hitsPerPage=100&page=1") and third.url.endswith("&page=2")
+    assert adapter.follow(lead, third, b'{"hits": [], "nbPages": 7, "page": 2}') == []  # max_pages: 3
+    assert adapter.follow(lead, first, recorded("hackernews", "normal").body) == []  # nbPages: 1
+
+
+def test_wayback_follows_its_resume_key_up_to_its_cap() -> None:
+    adapter = build_adapter(CATALOG.get("wayback"))
+    lead = normalize_lead("domain", "example.com")
+    [first] = adapter.requests_for(lead)
+    page = b'[["urlkey","timestamp"],["com,example)/","20020120142510"],[],["com,example)/ 20020120142510"]]'
+    [second] = adapter.follow(lead, first, page)
+    assert second.page == 1 and second.url.endswith("&resumeKey=com%2Cexample%29%2F%2020020120142510")
+    [third] = adapter.follow(lead, second, page)
+    assert adapter.follow(lead, third, page) == []  # max_pages: 3
+    assert adapter.follow(lead, first, recorded("wayback", "normal").body) == []  # no resume key: the last page
