@@ -555,7 +555,7 @@ def _identity_verdict(spec: SourceSpec, result: _Attempt) -> IdentityVerdict:
         return "identity_fault"
     if result.slow_down:
         return classify_for_identity(429)
-    if result.outcome is Outcome.TRANSIENT:
+    if result.outcome is Outcome.TRANSIENT and result.status is not None and 200 <= result.status < 300:
         return "source_fault"  # a source failing inside a 200 (a DNS SERVFAIL) is not the identity's doing
     return classify_for_identity(result.status, result.body, spec.block_markers)
 

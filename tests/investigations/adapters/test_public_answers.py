@@ -7,6 +7,7 @@ Every source has a normal, an empty, an error and a throttled answer; "no result
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from investigations.adapters.rdap import parse_bootstrap, server_for
 from investigations.classify import Answer
 from investigations.events import Outcome
 from investigations.fetcher import Fetcher, FetchFailed, FetchParked
+from investigations.identities import IdentityPool, parse_identities
 from investigations.leads import normalize_lead
 from investigations.specs import parse_sources
 from tests.fakes import FakeTime
@@ -388,3 +390,47 @@ def test_wayback_follows_its_resume_key_up_to_its_cap() -> None:
     [third] = adapter.follow(lead, second, page)
     assert adapter.follow(lead, third, page) == []  # max_pages: 3
     assert adapter.follow(lead, first, recorded("wayback", "normal").body) == []  # no resume key: the last page
+
+
+# -- what an answer says about the identity that got it ---------------------------------------------
+
+IDENTITY = """
+tiers: [datacenter]
+fingerprints:
+  plain: {user_agent: "Mozilla/5.0 (X11; Linux x86_64) Firefox/125.0", accept_language: "en", headers: []}
+identities:
+  - {id: home, tier: datacenter, fingerprint: plain, range: home}
+"""
+
+
+def identity_state_after(source: str, answer: str, sqlite_store) -> str:
+    pool = IdentityPool(sqlite_store, parse_identities(IDENTITY), rng=random.Random(1))
+    spec, played = CATALOG.get(source), recorded(source, answer)
+    time = FakeTime()
+    fetcher = Fetcher(sink=Sink(), transport=httpx.MockTransport(lambda request: played.response()), pool=pool,
+                      sleep=time.sleep, clock=time.clock, now=lambda: NOW)
+    lease = pool.acquire(source, holder="test", ttl_s=600)
+    assert lease is not None
+    try:
+        fetcher.fetch(spec, PlannedRequest("GET", LOOKUP_URLS[source]), lead_id="lead-1", lease=lease,
+                      judge=build_adapter(spec))
+    except Exception:  # parked, failed or blocked: the identity's health is what this looks at
+        pass
+    finally:
+        fetcher.close()
+        pool.release(lease)
+    health = pool.health("home", source)
+    pool.close()
+    return "healthy" if health is None else health.state
+
+
+def test_github_rate_limit_403_does_not_rest_the_identity_as_a_block_would(sqlite_store) -> None:
+    assert identity_state_after("github_users", "throttled", sqlite_store) == "healthy"
+
+
+def test_github_plain_403_rests_the_identity(sqlite_store) -> None:
+    assert identity_state_after("github_users", "forbidden", sqlite_store) == "resting"
+
+
+def test_dns_servfail_is_held_against_the_source_not_the_identity(sqlite_store) -> None:
+    assert identity_state_after("dns", "error", sqlite_store) == "healthy"
