@@ -155,3 +155,27 @@ def test_a_dagster_run_materializes_a_public_source_from_recordings(tmp_path: Pa
     (mat,) = result.asset_materializations_for_node("sources__dns")
     assert (mat.metadata["records"].value, mat.metadata["outcome"].value) == (3, "ok")
     assert mat.metadata["requests"].value == 5
+
+
+def test_github_token_goes_to_github_only_and_is_written_nowhere(sqlite_store: StateStore, tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    token = "ghp_canary0123456789abcdefghijklmnop"
+    BOOTSTRAPS.clear()
+    time = FakeTime()
+    with recorded_web() as web:
+        web.scenario["github_users"] = "error"  # a 401: a dead letter with the last error in it
+        fetcher = Fetcher(sink=sqlite_store, sleep=time.sleep, clock=time.clock, now=lambda: NOW)
+        catalog = public_catalog({**web.env, "GITHUB_TOKEN": token})
+        collector = Collector(catalog=catalog, store=sqlite_store, records=RecordStore(tmp_path / "records"),
+                              fetcher=fetcher, clock=time.clock, sleep=time.sleep)
+        lead = LEADS["github_users"]
+        sqlite_store.add_lead(lead, case_id="case-1")
+        try:
+            with caplog.at_level("DEBUG"), pytest.raises(CollectionFailed):
+                collector.collect("github_users", lead.id)
+        finally:
+            fetcher.close()
+    assert {headers["authorization"] for _, headers in web.requests} == {f"Bearer {token}"}
+    assert token not in caplog.text
+    written = [path for path in tmp_path.rglob("*") if path.is_file() and token.encode() in path.read_bytes()]
+    assert written == []

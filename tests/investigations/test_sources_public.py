@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 import pytest
@@ -10,6 +11,7 @@ from assets.naming import source_asset_key
 from definitions import build_definitions
 from investigations.catalog import load_catalog
 from investigations.config import Settings
+from investigations.specs import SpecError, parse_sources
 from tests.public_sources import PUBLIC_SOURCES
 
 # source -> (lead kinds, the most requests per second it may send: its published or observed limit)
@@ -66,3 +68,23 @@ def test_the_fleet_builds_one_asset_per_public_source(catalog) -> None:
     graph = defs.resolve_asset_graph()
     for spec in catalog.sources:
         assert graph.get(source_asset_key(spec.name)).partitions_def.name == "leads"
+
+
+@pytest.mark.parametrize(
+    ("typo", "message"),
+    [
+        (("answers: {empty_statuses: [404]}", "answers: {empty_status: [404]}"),
+         "source 'rdap': key 'answers.empty_status': unknown key"),
+        (("pages: {param: page, count_path: nbPages, first: 0, max_pages: 3}",
+          "pages: {param: page, count_path: nbPages, first: 0, max_pages: 30}"),
+         "source 'hackernews': key 'parse.pages.max_pages'"),
+        (("parse: {types: [A, AAAA, MX, NS, TXT]}", "parse: {types: [A, AAAB]}"),
+         "source 'dns': key 'parse.types': unknown record types ['AAAB']"),
+        (("reset_format: iso,", "reset_format: unix,"), "source 'mastodon': key 'answers.rate_limit.reset_format'"),
+    ],
+)
+def test_a_typo_in_the_public_sources_fails_at_load_naming_the_key(typo: tuple[str, str], message: str) -> None:
+    text = PUBLIC_SOURCES.read_text()
+    assert typo[0] in text
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse_sources(text.replace(typo[0], typo[1]), origin="sources.public.yaml", env={})
