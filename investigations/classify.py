@@ -173,7 +173,8 @@ def judge_answer(answers: AnswersSpec, answer: Answer, *, now: datetime) -> Verd
     if status in answers.empty_statuses:
         return Verdict(Outcome.OK, empty=True)
     if status in answers.slow_down_statuses:
-        return Verdict(Outcome.THROTTLED, slow_down=True, retry_after_s=header_wait_s)
+        wait_s = header_wait_s if header_wait_s is not None else answers.slow_down_wait_s
+        return Verdict(Outcome.THROTTLED, slow_down=True, retry_after_s=wait_s)
     return None
 
 

@@ -169,6 +169,9 @@ class AnswersSpec(_Model):
     empty_statuses: tuple[int, ...] = ()
     # The source's "slow down": wait (its Retry-After is a floor) without spending a retry attempt.
     slow_down_statuses: tuple[int, ...] = (429,)
+    # The least wait after a "slow down" that names none: a source that keeps refusing a client
+    # that comes back at once (the Wayback Machine) needs more than the retry backoff.
+    slow_down_wait_s: Positive | None = None
     rate_limit: RateLimitHeadersSpec | None = None
 
     @model_validator(mode="after")

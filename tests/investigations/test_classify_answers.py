@@ -36,6 +36,10 @@ def judge(answers: AnswersSpec, status: int, **headers: str) -> Verdict | None:
         (COMMONCRAWL, 404, {}, Verdict(Outcome.OK, empty=True)),
         # Common Crawl's 503 is "slow down", waited for like a 429
         (COMMONCRAWL, 503, {}, Verdict(Outcome.THROTTLED, slow_down=True)),
+        # a source whose slow-down names no wait gets its declared least wait; its Retry-After wins
+        (AnswersSpec(slow_down_wait_s=60), 429, {}, Verdict(Outcome.THROTTLED, slow_down=True, retry_after_s=60.0)),
+        (AnswersSpec(slow_down_wait_s=60), 429, {"retry_after": "5"},
+         Verdict(Outcome.THROTTLED, slow_down=True, retry_after_s=5.0)),
         # GitHub: a 403 with no allowance left waits for the reset; with retry-after, for that
         (GITHUB, 403, {"x_ratelimit_remaining": "0", "x_ratelimit_reset": str(EPOCH_NOW + 600)}, 600.0),
         (GITHUB, 429, {"x_ratelimit_remaining": "0", "x_ratelimit_reset": str(EPOCH_NOW + 30)}, 30.0),

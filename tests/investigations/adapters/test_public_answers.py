@@ -276,7 +276,7 @@ def test_commoncrawl_lines_become_captures() -> None:
 
 def test_commoncrawl_503_slows_down_without_spending_attempts() -> None:
     found = read("commoncrawl", "throttled")
-    assert len(found.events) > CATALOG.get("commoncrawl").retry.attempts  # waited, not failed
+    assert found.outcome == "parked"  # waited, then back in the queue: never a failure
     assert {e.status for e in found.events} == {503}
 
 
@@ -434,3 +434,8 @@ def test_github_plain_403_rests_the_identity(sqlite_store) -> None:
 
 def test_dns_servfail_is_held_against_the_source_not_the_identity(sqlite_store) -> None:
     assert identity_state_after("dns", "error", sqlite_store) == "healthy"
+
+
+def test_commoncrawl_503_waits_at_least_a_minute_each_time() -> None:
+    found = read("commoncrawl", "throttled")
+    assert found.sleeps and min(found.sleeps) >= 60
