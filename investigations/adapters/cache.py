@@ -2,7 +2,8 @@
 
 IANA's RDAP bootstrap and Common Crawl's collection list change monthly at most; asking for them
 before every lookup would double the requests a source sees. The cache lives in the process (a run
-asks once per TTL), keyed by the url it came from; the adapter plans the request when it is stale.
+asks once per TTL), keyed by the adapter and the url it came from; the adapter plans the request
+when it is stale.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class RdapAdapter(TemplateAdapter):
         """
         if not self.spec.accepts(lead.kind):
             return []
-        services = BOOTSTRAPS.get(self.spec.request.url, ttl_s=self.config.bootstrap_ttl_s)
+        services = BOOTSTRAPS.get(f"rdap {self.spec.request.url}", ttl_s=self.config.bootstrap_ttl_s)
         if services is None:
             return [PlannedRequest("GET", self.spec.request.url, self.headers(), collects=False)]
         return [self._lookup(services, lead)]
@@ -57,7 +57,7 @@ class RdapAdapter(TemplateAdapter):
         if request.collects:
             return []
         services = parse_bootstrap(body)
-        BOOTSTRAPS.put(self.spec.request.url, services)
+        BOOTSTRAPS.put(f"rdap {self.spec.request.url}", services)
         return [self._lookup(services, lead)]
 
     def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:

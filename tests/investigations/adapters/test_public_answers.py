@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from investigations.adapters import ParseError, PlannedRequest, build_adapter
-from investigations.adapters.cache import BOOTSTRAPS
+from investigations.adapters.cache import BOOTSTRAPS, TtlCache
 from investigations.adapters.cdx import newest_index
 from investigations.adapters.rdap import parse_bootstrap, server_for
 from investigations.classify import Answer
@@ -439,3 +439,13 @@ def test_dns_servfail_is_held_against_the_source_not_the_identity(sqlite_store) 
 def test_commoncrawl_503_waits_at_least_a_minute_each_time() -> None:
     found = read("commoncrawl", "throttled")
     assert found.sleeps and min(found.sleeps) >= 60
+
+
+def test_a_cached_bootstrap_is_forgotten_after_its_ttl() -> None:
+    time = FakeTime()
+    cache = TtlCache(clock=time.clock)
+    cache.put("rdap https://data.iana.org/rdap/dns.json", {"com": "https://rdap.verisign.com/com/v1/"})
+    time.sleep(86399)
+    assert cache.get("rdap https://data.iana.org/rdap/dns.json", ttl_s=86400) is not None
+    time.sleep(1)
+    assert cache.get("rdap https://data.iana.org/rdap/dns.json", ttl_s=86400) is None
