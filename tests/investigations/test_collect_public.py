@@ -179,3 +179,8 @@ def test_github_token_goes_to_github_only_and_is_written_nowhere(sqlite_store: S
     assert token not in caplog.text
     written = [path for path in tmp_path.rglob("*") if path.is_file() and token.encode() in path.read_bytes()]
     assert written == []
+
+
+def test_crtsh_is_asked_for_the_domain_and_its_subdomains(world: World) -> None:
+    world.collect("crtsh")
+    assert [path for path, _ in world.web.requests] == ["/crtsh/?q=%25.example.com&output=json"]
