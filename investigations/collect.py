@@ -23,7 +23,7 @@ from typing import NoReturn
 
 import httpx
 
-from investigations.adapters import ParseError, ParsedRecord, build_adapter
+from investigations.adapters import ParseError, ParsedRecord, TtlCache, build_adapter
 from investigations.fetcher import Fetcher, FetchFailed, FetchParked, IdentityBlocked, redact_url
 from investigations.identities import Lease
 from investigations.pacing import Circuits
@@ -133,6 +133,7 @@ class Collector:
         lease_wait_s: float = LEASE_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        cache: TtlCache | None = None,
     ) -> None:
         if max_identities < 1:
             raise ValueError(f"max_identities ({max_identities}) must be >= 1")
@@ -147,6 +148,7 @@ class Collector:
         self.lease_wait_s = lease_wait_s
         self.clock = clock
         self.sleep = sleep
+        self.cache = cache  # what adapters learn from bootstrap files (None: the process's own)
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None,
                 background: bool = False) -> CollectionResult:
@@ -166,7 +168,7 @@ class Collector:
             decision = self.circuits.allow(source, spec.circuit)
             if not decision.allowed:
                 self._park(source, lead_id, retry_in_s=decision.retry_in_s, reason=decision.reason)
-        adapter = build_adapter(spec)
+        adapter = build_adapter(spec, cache=self.cache)
         found: list[ParsedRecord] = []
         requests = 0
         identities = _Identities(self.fetcher, spec, holder=run_id or f"collect-{uuid.uuid4().hex}")

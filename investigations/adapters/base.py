@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
 
+from investigations.adapters.cache import BOOTSTRAPS, TtlCache
 from investigations.classify import Answer, Verdict, judge_answer
 from investigations.fetcher import redact_url
 from investigations.leads import Lead
@@ -66,10 +67,14 @@ class Adapter(Protocol):
 
 
 class TemplateAdapter:
-    """Base of the generic adapters: one request per lead, built from the spec's url template."""
+    """Base of the generic adapters: one request per lead, built from the spec's url template.
 
-    def __init__(self, spec: SourceSpec) -> None:
+    `cache` keeps what an adapter learns from bootstrap answers (see `adapters.cache`).
+    """
+
+    def __init__(self, spec: SourceSpec, *, cache: TtlCache | None = None) -> None:
         self.spec = spec
+        self.cache = cache if cache is not None else BOOTSTRAPS
 
     def requests_for(self, lead: Lead) -> list[PlannedRequest]:
         """The request for `lead`, or none when the source does not take leads of its kind."""

@@ -22,7 +22,6 @@ from investigations.adapters.base import (
     page_base,
     with_param,
 )
-from investigations.adapters.cache import BOOTSTRAPS
 from investigations.leads import Lead
 from investigations.specs import CdxParse
 
@@ -43,7 +42,7 @@ class CdxAdapter(TemplateAdapter):
         if not self.config.index_catalog:
             url = self._with_match(fill_template(self.spec.request.url, lead), lead)
             return [PlannedRequest(self.spec.request.method, url, self.headers())]
-        index = BOOTSTRAPS.get(f"cdx {self.spec.request.url}", ttl_s=self.config.catalog_ttl_s)
+        index = self.cache.get(f"cdx {self.spec.request.url}", ttl_s=self.config.catalog_ttl_s)
         if index is None:
             return [PlannedRequest("GET", self.spec.request.url, self.headers(), collects=False)]
         return [self._index_query(index, lead)]
@@ -60,7 +59,7 @@ class CdxAdapter(TemplateAdapter):
             url = with_param(request.url, "resumeKey", key)
             return [PlannedRequest(request.method, url, dict(request.headers), page=request.page + 1)]
         index = newest_index(body)
-        BOOTSTRAPS.put(f"cdx {self.spec.request.url}", index)
+        self.cache.put(f"cdx {self.spec.request.url}", index)
         return [self._index_query(index, lead)]
 
     def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:

@@ -21,7 +21,6 @@ from investigations.adapters.base import (
     make_record,
     page_base,
 )
-from investigations.adapters.cache import BOOTSTRAPS
 from investigations.leads import Lead
 from investigations.specs import RdapParse
 
@@ -47,7 +46,7 @@ class RdapAdapter(TemplateAdapter):
         """
         if not self.spec.accepts(lead.kind):
             return []
-        services = BOOTSTRAPS.get(f"rdap {self.spec.request.url}", ttl_s=self.config.bootstrap_ttl_s)
+        services = self.cache.get(f"rdap {self.spec.request.url}", ttl_s=self.config.bootstrap_ttl_s)
         if services is None:
             return [PlannedRequest("GET", self.spec.request.url, self.headers(), collects=False)]
         return [self._lookup(services, lead)]
@@ -57,7 +56,7 @@ class RdapAdapter(TemplateAdapter):
         if request.collects:
             return []
         services = parse_bootstrap(body)
-        BOOTSTRAPS.put(f"rdap {self.spec.request.url}", services)
+        self.cache.put(f"rdap {self.spec.request.url}", services)
         return [self._lookup(services, lead)]
 
     def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:

@@ -15,7 +15,7 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from assets.sources import build_source_asset
-from investigations.adapters.cache import BOOTSTRAPS
+from investigations.adapters.cache import BOOTSTRAPS, TtlCache
 from investigations.collect import CollectionFailed, CollectionParked, Collector
 from investigations.fetcher import Fetcher
 from investigations.leads import Lead, normalize_lead
@@ -184,3 +184,16 @@ def test_github_token_goes_to_github_only_and_is_written_nowhere(sqlite_store: S
 def test_crtsh_is_asked_for_the_domain_and_its_subdomains(world: World) -> None:
     world.collect("crtsh")
     assert [path for path, _ in world.web.requests] == ["/crtsh/?q=%25.example.com&output=json"]
+
+
+def test_runs_sharing_a_data_dir_share_the_bootstrap_file(world: World, tmp_path: Path) -> None:
+    """Each interactive run is its own process; the cache in the data dir spares each the bootstrap."""
+    other = normalize_lead("domain", "example.net")
+    world.store.add_lead(LEADS["rdap"], case_id="case-1")
+    world.store.add_lead(other, case_id="case-1")
+    for lead in (LEADS["rdap"], other):
+        run = Collector(catalog=world.collector.catalog, store=world.store, records=world.records,
+                        fetcher=world.collector.fetcher, cache=TtlCache(tmp_path / "cache"))
+        assert run.collect("rdap", lead.id).outcome == "ok"
+    asked = [path for path, _ in world.web.requests]
+    assert asked == ["/rdap/dns.json", "/rdap/com/v1/domain/example.com", "/rdap/com/v1/domain/example.net"]

@@ -449,3 +449,13 @@ def test_a_cached_bootstrap_is_forgotten_after_its_ttl() -> None:
     assert cache.get("rdap https://data.iana.org/rdap/dns.json", ttl_s=86400) is not None
     time.sleep(1)
     assert cache.get("rdap https://data.iana.org/rdap/dns.json", ttl_s=86400) is None
+
+
+def test_a_cache_in_a_directory_is_shared_and_survives_a_broken_file(tmp_path) -> None:
+    time = FakeTime()
+    TtlCache(tmp_path, clock=time.clock).put("cdx https://index.commoncrawl.org/collinfo.json", "https://x/CC-index")
+    assert TtlCache(tmp_path, clock=time.clock).get("cdx https://index.commoncrawl.org/collinfo.json",
+                                                    ttl_s=60) == "https://x/CC-index"
+    for path in tmp_path.glob("*.json"):
+        path.write_text("{not json")
+    assert TtlCache(tmp_path, clock=time.clock).get("cdx https://index.commoncrawl.org/collinfo.json", ttl_s=60) is None
