@@ -2,7 +2,7 @@
 
 `request.url` is the bootstrap file (`https://data.iana.org/rdap/dns.json`): it maps top-level
 domains to the base urls of their registries' RDAP servers. It is asked once per
-`parse.bootstrap_ttl_s` per process (cached), then each lead is one request to its registry:
+`parse.bootstrap_ttl_s` (kept in the adapter's cache), then each lead is one request to its registry:
 `<base>domain/<name>`. A registry's 404 is "no such domain" (declared in `answers:`); a top-level
 domain the bootstrap does not list has no RDAP service, which is a permanent failure, not a result.
 """
