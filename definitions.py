@@ -2,30 +2,52 @@
 
 from __future__ import annotations
 
-from dagster import Definitions, in_process_executor
+import os
 
-from assets.fleet import dead_letters, fleet_report_job
+from dagster import Definitions, EnvVar, in_process_executor
+
+from assets.fleet import dead_letters, fleet_health, fleet_health_job, fleet_report_job
+from assets.health import build_source_health_checks, build_source_health_schedule
 from assets.jobs import build_source_job
+from assets.requeue import requeue_dead_letters_job
 from assets.sources import build_source_asset
 from investigations.catalog import load_catalog
 from investigations.config import Settings
 from resources.fleet import FleetResource
+from resources.slack import SLACK_API_URL, FleetSlack
+from sensors.alerts import build_slack_alerts_sensor
 from sensors.dead_letters import dead_letter_report
 from sensors.dead_runs import build_dead_runs_sensor
+from sensors.fleet_health import fleet_health_schedule
 from sensors.new_leads import build_new_lead_sensors
 from sensors.recurring import build_recurring_sensor
+
+
+# Set to post alerts to Slack (see sensors/alerts.py); unset, no alert sensor is defined.
+SLACK_TOKEN_ENV = "INVESTIGATIONS_SLACK_TOKEN"
 
 
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     catalog = load_catalog(settings.sources_path)
     jobs = [build_source_job(spec) for spec in catalog.sources]
+    resources: dict[str, object] = {"fleet": FleetResource()}
+    alerts = []
+    if os.environ.get(SLACK_TOKEN_ENV):
+        # The token stays an EnvVar: Dagster reads it when the sensor runs, and shows only its name.
+        resources["slack"] = FleetSlack(token=EnvVar(SLACK_TOKEN_ENV),
+                                        channel=os.environ.get("INVESTIGATIONS_SLACK_CHANNEL") or "#investigations",
+                                        api_url=os.environ.get("INVESTIGATIONS_SLACK_API_URL") or SLACK_API_URL)
+        ui_url = os.environ.get("INVESTIGATIONS_UI_URL") or f"http://127.0.0.1:{settings.ui_port}"
+        alerts.append(build_slack_alerts_sensor(catalog, ui_url=ui_url))
     return Definitions(
-        assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters],
-        jobs=[*jobs, fleet_report_job],
+        assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters, fleet_health],
+        asset_checks=[build_source_health_checks(catalog)],
+        jobs=[*jobs, fleet_report_job, fleet_health_job, requeue_dead_letters_job],
+        schedules=[fleet_health_schedule, build_source_health_schedule(catalog)],
         sensors=[*build_new_lead_sensors(catalog, jobs), build_recurring_sensor(catalog, jobs), dead_letter_report,
-                 build_dead_runs_sensor()],
-        resources={"fleet": FleetResource()},
+                 build_dead_runs_sensor(), *alerts],
+        resources=resources,
         # One lead per run does little work; the in-process executor halves each run's overhead.
         executor=in_process_executor,
     )

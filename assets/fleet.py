@@ -4,11 +4,15 @@ from collections import Counter
 
 from dagster import AssetKey, AssetSelection, MaterializeResult, MetadataValue, asset, define_asset_job
 
+from investigations.fleetstats import NUMERIC_FIGURES, fleet_figures
+from investigations.pacing import Circuits
 from resources.fleet import FleetResource
 
 FLEET_GROUP = "fleet"
 DEAD_LETTERS_KEY = AssetKey(["fleet", "dead_letters"])
+HEALTH_KEY = AssetKey(["fleet", "health"])
 FLEET_REPORT_JOB = "fleet_report"
+FLEET_HEALTH_JOB = "fleet_health"
 NEWEST_SHOWN = 25
 
 
@@ -43,8 +47,42 @@ def dead_letters(fleet: FleetResource) -> MaterializeResult:
     )
 
 
+@asset(key=HEALTH_KEY, group_name=FLEET_GROUP, kinds={"sql"})
+def fleet_health(fleet: FleetResource) -> MaterializeResult:
+    """Each source's health verdict and fleet figures, refreshed every minute by a schedule.
+
+    One numeric metadata entry per source and figure (`robust/records_per_min`, ...), so the UI plots
+    each over time; a figure without a value (a rate with no requests) is left out rather than
+    plotted as 0. The verdicts and their reasons are in `health` (the same as `investigations fleet`).
+    """
+    store = fleet.store
+    circuits = {source: state.state for source, state in Circuits(store).all_states().items()}
+    figures = fleet_figures(store, fleet.catalog, circuits=circuits)
+    metadata: dict[str, object] = {}
+    for f in figures:
+        metadata[f"{f.source}/health"] = f.health
+        for name in NUMERIC_FIGURES:
+            value = getattr(f, name)
+            if value is not None:
+                metadata[f"{f.source}/{name}"] = MetadataValue.float(float(value))
+    rows = ["| source | health | why |", "|---|---|---|"]
+    rows += [f"| {f.source} | {f.health} | {f.health_reason or '-'} |" for f in figures]
+    unhealthy = sorted(f.source for f in figures if f.health not in ("ok", "idle"))
+    return MaterializeResult(metadata={
+        "unhealthy": MetadataValue.json(unhealthy),
+        "health": MetadataValue.md("\n".join(rows)),
+        **metadata,
+    })
+
+
 fleet_report_job = define_asset_job(
     FLEET_REPORT_JOB,
-    selection=AssetSelection.groups(FLEET_GROUP),
-    description="Refresh the fleet's own assets (dead letters).",
+    selection=AssetSelection.assets(DEAD_LETTERS_KEY),
+    description="Refresh the fleet's dead-letter asset.",
+)
+
+fleet_health_job = define_asset_job(
+    FLEET_HEALTH_JOB,
+    selection=AssetSelection.assets(HEALTH_KEY),
+    description="Refresh fleet/health: each source's verdict and figures.",
 )

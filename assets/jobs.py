@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dagster import AssetSelection, define_asset_job
+from dagster import AssetCheckKey, AssetSelection, define_asset_job
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from assets.naming import job_name, source_asset_key
+from assets.naming import EMPTY_CHECK_NAME, job_name, source_asset_key
 from investigations.specs import SourceSpec
 
 
@@ -16,7 +16,10 @@ SourceJob = UnresolvedAssetJobDefinition
 def build_source_job(spec: SourceSpec) -> SourceJob:
     return define_asset_job(
         name=job_name(spec.name),
-        selection=AssetSelection.assets(source_asset_key(spec.name)),
+        # The asset and its per-lead check, not the source-level checks (`assets.health`): those
+        # judge the whole source on their own schedule.
+        selection=AssetSelection.assets(source_asset_key(spec.name)).without_checks()
+        | AssetSelection.checks(AssetCheckKey(source_asset_key(spec.name), EMPTY_CHECK_NAME)),
         description=f"Collect {spec.name} for one lead (a partition) or a batch of leads.",
         tags={"investigations/source": spec.name},
     )

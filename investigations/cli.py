@@ -6,12 +6,14 @@ import argparse
 import json
 import random
 import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from investigations.config import ConfigError, Settings
-from investigations.leads import LEAD_KINDS, LeadError, normalize_lead
+from investigations.leads import LeadError, lead_id_of, normalize_lead
 from investigations.specs import SpecError
 
 
@@ -19,10 +21,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_filters(args)
         return int(args.func(args) or 0)
-    except (SpecError, ConfigError, LeadError, KeyError) as exc:
+    except KeyError as exc:  # str() of a KeyError is its repr; the message is its argument
+        print(f"investigations: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    except (SpecError, ConfigError, LeadError) as exc:
         print(f"investigations: {exc}", file=sys.stderr)
         return 2
+
+
+def _check_filters(args: argparse.Namespace) -> None:
+    """Every `--source`, `--reason` and `--lead` names something that exists (KeyError, naming the
+    valid choices, if not); a `--lead` given as kind:value becomes its id."""
+    if getattr(args, "source", None) is not None:
+        from investigations.catalog import load_catalog
+
+        load_catalog(Settings.from_env().sources_path).get(args.source)
+    reason = getattr(args, "reason", None)
+    if reason is not None:
+        from investigations.collect import DEAD_LETTER_REASONS
+
+        if reason not in DEAD_LETTER_REASONS:
+            raise KeyError(f"unknown reason {reason!r} (known: {', '.join(DEAD_LETTER_REASONS)})")
+    lead = getattr(args, "lead", None)
+    if lead is not None:
+        args.lead = lead_id_of(lead)
+
+
+def _above_zero(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dlq_requeue.add_argument("--source")
     dlq_requeue.add_argument("--reason")
-    dlq_requeue.add_argument("--lead", help="a lead id")
+    dlq_requeue.add_argument("--lead", help="a lead id, or kind:value (e.g. domain:example.com)")
     dlq_requeue.add_argument("--all", action="store_true", help="requeue every dead letter")
     dlq_requeue.add_argument("--priority", default="recurring", choices=["interactive", "recurring", "backfill"])
     dlq_requeue.set_defaults(func=_dlq_requeue)
@@ -93,14 +130,23 @@ def build_parser() -> argparse.ArgumentParser:
     records.add_argument("--source", help="only this source")
     records.add_argument("--lead", help="a lead id, or kind:value (e.g. domain:example.com)")
     records.add_argument("--contains", help="only records whose fields contain this text")
-    records.add_argument("--limit", type=int, default=50)
+    records.add_argument("--limit", type=_above_zero(int), default=50)
     records.add_argument("--json", action="store_true")
     records.set_defaults(func=_records)
 
-    fleet = sub.add_parser("fleet", help="per source: requests and outcomes, backlog, circuit, current rate")
-    fleet.add_argument("--hours", type=float, default=24.0)
-    fleet.add_argument("--json", action="store_true")
+    fleet = sub.add_parser("fleet", help="per source: health, throughput, error rates, freshness, identities, spend")
+    fleet.add_argument("--hours", type=_above_zero(float), default=24.0, help="requests and outcomes over this many hours")
+    fleet.add_argument("--window-min", type=float, default=None,
+                       help="rates, latency and throughput over this many minutes (default 15)")
+    fleet.add_argument("--json", action="store_true", help="the figures as JSON (one line per refresh with --watch)")
+    fleet.add_argument("--watch", type=float, nargs="?", const=5.0, default=None, metavar="SECONDS",
+                       help="refresh every SECONDS (default 5) until Ctrl-C")
     fleet.set_defaults(func=_fleet)
+
+    identities = sub.add_parser("identities", help="the identity pool: state per source, lease holder, rests, failures")
+    identities.add_argument("--source", help="only this source")
+    identities.add_argument("--json", action="store_true")
+    identities.set_defaults(func=_identities)
     return parser
 
 
@@ -135,11 +181,13 @@ def _intake(args: argparse.Namespace) -> int:
 def _demo_case(args: argparse.Namespace) -> int:
     from investigations.demo import DEMO_CASE_ID, demo_body, send_case
 
+    from investigations.devfleet import DEMO_WEBHOOK_SECRET
+
     settings = Settings.from_env()
-    if not settings.webhook_secret:
-        raise ConfigError("INVESTIGATIONS_WEBHOOK_SECRET is not set")
+    # `make run` starts its intake with the demo secret unless one is set: sign with the same.
+    secret = settings.webhook_secret or DEMO_WEBHOOK_SECRET
     url = args.intake_url or f"http://127.0.0.1:{settings.intake_port}"
-    answer = send_case(url, settings.webhook_secret, demo_body(args.case_id or DEMO_CASE_ID))
+    answer = send_case(url, secret, demo_body(args.case_id or DEMO_CASE_ID))
     print(f"HTTP {answer.status_code}: {answer.text}")
     return 0 if answer.is_success else 1
 
@@ -149,11 +197,22 @@ def _leads_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
         return 0
+    if not rows:
+        print("no leads")
+        return 0
+    table = _table("lead", "kind", "value", "cases", "source", "last outcome", "records", "last with records")
     for row in rows:
-        print(f"{row['lead_id']}  {row['kind']:<8} {row['value']}  cases: {', '.join(row['cases']) or '-'}")
-        for source, coll in sorted(row["collections"].items()):
-            success = coll["last_success_at"].isoformat(timespec="seconds") if coll["last_success_at"] else "never"
-            print(f"    {source:<12} {coll['outcome']:<7} {coll['records']:>4} records  last success {success}")
+        collections = sorted(row["collections"].items()) or [(None, None)]
+        for n, (source, coll) in enumerate(collections):
+            head = [row["lead_id"], row["kind"], row["value"], ", ".join(row["cases"]) or "-"] if n == 0 else [""] * 4
+            if coll is None:
+                table.add_row(*head, "-", "not collected", "", "")
+                continue
+            # An empty answer is an outcome, not a success: only a collection with records counts.
+            found = coll["records"] and coll["outcome"] == "ok" and coll["last_success_at"]
+            table.add_row(*head, source, coll["outcome"], str(coll["records"]),
+                          coll["last_success_at"].isoformat(timespec="seconds") if found else "never")
+    _console().print(table)
     return 0
 
 
@@ -165,9 +224,14 @@ def _leads_add(args: argparse.Namespace) -> int:
 
 
 def _cases_list(args: argparse.Namespace) -> int:
-    for case in _store(Settings.from_env()).cases_overview():
-        print(f"{case['case_id']:<32} {case['status']:<7} {case['leads']:>5} lead(s)  "
-              f"since {case['created_at'].isoformat(timespec='seconds')}")
+    cases = _store(Settings.from_env()).cases_overview()
+    if not cases:
+        print("no cases")
+        return 0
+    table = _table("case", "status", "leads", "since")
+    for case in cases:
+        table.add_row(case["case_id"], case["status"], str(case["leads"]), case["created_at"].isoformat(timespec="seconds"))
+    _console().print(table)
     return 0
 
 
@@ -206,13 +270,13 @@ def _dlq_list(args: argparse.Namespace) -> int:
         return 0
     if not letters:
         print("no dead letters")
+        return 0
+    table = _table("source", "lead", "reason", "status", "attempts", "last seen", "requeued", "last error")
     for letter in letters:
-        mark = "  [requeued]" if (letter.source, letter.lead_id) in requeued else ""
-        print(
-            f"{letter.source:<12} {letter.lead_id}  {letter.reason_group:<10} status {letter.last_status} "
-            f"attempts {letter.attempts}  last {letter.last_seen.isoformat(timespec='seconds')}  "
-            f"{letter.last_error}{mark}"
-        )
+        table.add_row(letter.source, letter.lead_id, letter.reason_group, str(letter.last_status or "-"),
+                      str(letter.attempts), letter.last_seen.isoformat(timespec="seconds"),
+                      "yes" if (letter.source, letter.lead_id) in requeued else "", letter.last_error or "")
+    _console().print(table)
     return 0
 
 
@@ -235,73 +299,193 @@ def _dlq_requeue(args: argparse.Namespace) -> int:
 def _records(args: argparse.Namespace) -> int:
     from investigations.records import query_records
 
-    lead_id = args.lead
-    kind, colon, value = (lead_id or "").partition(":")
-    if colon and kind in LEAD_KINDS:  # lead ids have no colon: this is kind:value
-        lead_id = normalize_lead(kind, value).id
-    rows = query_records(Settings.from_env().records_dir, source=args.source, lead_id=lead_id,
+    rows = query_records(Settings.from_env().records_dir, source=args.source, lead_id=args.lead,
                          contains=args.contains, limit=args.limit)
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
         return 0
     if not rows:
         print("no records")
+        return 0
+    table = _table("source", "lead", "record", "fetched", "fields")
     for row in rows:
-        print(f"{row['source']:<10} {row['lead_id']}  {row['record_key']:<18} {row['fetched_at']:%Y-%m-%d %H:%M}  "
-              f"{row['fields'][:100]}")
+        table.add_row(row["source"], row["lead_id"], row["record_key"], f"{row['fetched_at']:%Y-%m-%d %H:%M}",
+                      row["fields"])
+    _console().print(table)
     return 0
 
 
 def _fleet(args: argparse.Namespace) -> int:
+    from investigations.fleetstats import DEFAULT_WINDOW_S
+
+    if args.window_min is None:
+        args.window_min = DEFAULT_WINDOW_S / 60
+    if args.window_min <= 0:
+        print("investigations: --window-min must be above 0", file=sys.stderr)
+        return 2
+    if args.watch is None:
+        _print_fleet(args)
+        return 0
+    if args.watch <= 0:
+        print("investigations: --watch takes a number of seconds above 0", file=sys.stderr)
+        return 2
+    try:
+        while True:
+            if not args.json:
+                _console().clear()
+            _print_fleet(args)
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _fleet_rows(settings: Settings, *, hours: float, window_s: float) -> list[dict[str, Any]]:
+    """Per source: the fleet figures (investigations.fleetstats), the request outcomes over `hours`,
+    the queue, the circuit and the lane's current rate."""
     from investigations.catalog import load_catalog
+    from investigations.fleetstats import fleet_figures
     from investigations.pacing import Circuits, GapSampler, RateLanes
     from investigations.pacing.aimd import NEVER_CUT_S
     from investigations.store import QUEUE_DEPTH_KEYS
 
-    settings = Settings.from_env()
     store = _store(settings)
-    since = datetime.now(UTC) - timedelta(hours=args.hours)
-    summary = {row["source"]: row for row in store.fleet_summary(since=since)}
-    depths = store.queue_depths()
-    circuits = Circuits(store).all_states()
+    catalog = load_catalog(settings.sources_path)
+    now = datetime.now(UTC)
+    summary = {row["source"]: row for row in store.fleet_summary(since=now - timedelta(hours=hours))}
+    depths = store.queue_depths(now=now)
+    circuits = {source: state.state for source, state in Circuits(store).all_states().items()}
     lanes = {lane.lane: lane for lane in RateLanes(store, sampler=GapSampler(random.Random())).all_states()}
+    figures = {f.source: f for f in fleet_figures(store, catalog, now=now, window_s=window_s, circuits=circuits)}
     rows = []
-    for spec in load_catalog(settings.sources_path).sources:
+    for spec in catalog.sources:
         stats = summary.get(spec.name, {"requests": 0, "outcomes": {}, "latency_ms": 0.0, "last_at": None})
         lane = lanes.get(f"source:{spec.name}")
-        circuit = circuits.get(spec.name)
         rows.append({
-            "source": spec.name,
+            **figures[spec.name].as_dict(),
             "requests": stats["requests"],
+            "window_requests": figures[spec.name].requests,
             "outcomes": stats["outcomes"],
             "mean_latency_ms": round(stats["latency_ms"], 1),
             "last_request_at": stats["last_at"],
             "queue": depths.get(spec.name, dict.fromkeys(QUEUE_DEPTH_KEYS, 0)),
-            "circuit": circuit.state if circuit else "closed",
             "rate_per_s": round(spec.rate.source_per_s * (lane.rate_factor if lane else 1.0), 3),
             "configured_rate_per_s": spec.rate.source_per_s,
             # The rate the source last throttled at, once it has: the lane settles just under it.
             "ceiling_rate_per_s": (round(spec.rate.source_per_s * lane.ceiling_factor, 3)
                                    if lane and lane.last_cut_s != NEVER_CUT_S else None),
-            # Parked collections waiting in the backlog, by why they were parked.
-            "parked": store.park_reasons(spec.name),
         })
+    return rows
+
+
+def _print_fleet(args: argparse.Namespace) -> None:
+    rows = _fleet_rows(Settings.from_env(), hours=args.hours, window_s=args.window_min * 60)
     if args.json:
-        print(json.dumps(rows, default=str, indent=2))
-        return 0
-    print(f"{'source':<12} {'requests':>8} {'ok':>6} {'throttled':>9} {'failed':>6}  {'queued':>6} {'waiting':>7} "
-          f"{'in flight':>9}  {'circuit':<9} {'rate/s':>13} {'ceiling/s':>9}  last request")
+        print(json.dumps(rows, default=str, indent=None if args.watch else 2), flush=True)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"fleet: rates over {args.window_min:g} min, requests over {args.hours:g} h",
+                  title_justify="left", box=None, header_style="bold")
+    for name, justify in (("source", "left"), ("health", "left"), ("backlog", "right"), ("in flight", "right"),
+                          ("req/min", "right"), ("rec/min", "right"), ("retry", "right"), ("fail", "right"),
+                          ("429/block", "right"), ("empty", "right"), ("p50/p95 ms", "right"), ("fresh", "right"),
+                          ("stalest", "right"), ("ids a/l/r/x", "right"), ("dead", "right"), ("spend/budget $", "right"),
+                          ("rec/$", "right"), ("circuit", "left"), ("rate/s", "right"), ("requests", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in rows:
-        ok = row["outcomes"].get("ok", 0)
-        throttled = row["outcomes"].get("throttled", 0)
-        last = row["last_request_at"].isoformat(timespec="seconds") if row["last_request_at"] else "-"
-        queue = row["queue"]
-        rate = f"{row['rate_per_s']:g}/{row['configured_rate_per_s']:g}"
-        ceiling = "-" if row["ceiling_rate_per_s"] is None else f"{row['ceiling_rate_per_s']:g}"
-        print(f"{row['source']:<12} {row['requests']:>8} {ok:>6} {throttled:>9} {row['requests'] - ok - throttled:>6}  "
-              f"{queue['ready']:>6} {queue['waiting']:>7} {queue['dispatched']:>9}  {row['circuit']:<9} {rate:>13} "
-              f"{ceiling:>9}  {last}")
+        table.add_row(
+            row["source"], f"[{_HEALTH_STYLE.get(row['health'], 'red')}]{row['health']}[/]",
+            str(row["backlog"]), str(row["in_flight"]), f"{row['requests_per_min']:.1f}", f"{row['records_per_min']:.1f}",
+            _pct(row["retry_rate"]), _pct(row["failure_rate"]), _pct(row["block_rate"]), _pct(row["empty_rate"]),
+            f"{_num(row['latency_p50_ms'])}/{_num(row['latency_p95_ms'])}",
+            "-" if row["fresh_share"] is None else f"{row['fresh']}/{row['monitored']}",
+            _age(row["stalest_age_s"]),
+            _identity_counts(row),
+            str(row["dead_letters"]),
+            f"{row['spend_today_usd']:.2f}/" + (f"{row['daily_budget_usd']:g}" if row["daily_budget_usd"] else "-"),
+            _num(row["records_per_usd"]), row["circuit"],
+            f"{row['rate_per_s']:g}/{row['configured_rate_per_s']:g}"
+            + ("" if row["ceiling_rate_per_s"] is None else f" (ceiling {row['ceiling_rate_per_s']:g})"),
+            str(row["requests"]),
+        )
+    console = _console()
+    console.print(table)
+    for row in rows:
+        if row["health_reason"] and row["health"] != "idle":
+            console.print(f"  {row['source']}: {row['health']}: {row['health_reason']}", highlight=False)
     for row in rows:
         for reason, count in sorted(row["parked"].items(), key=lambda item: -item[1]):
-            print(f"  {row['source']}: {count} parked: {reason}")
+            console.print(f"  {row['source']}: {count} parked: {reason}", highlight=False, markup=False)
+
+
+_HEALTH_STYLE = {"ok": "green", "idle": "dim", "stale": "yellow", "stalled": "yellow", "over_budget": "yellow"}
+
+
+def _table(*columns: str):  # noqa: ANN202 - rich is imported lazily to keep `--help` fast
+    """A table whose long values wrap within their column instead of being cut."""
+    from rich.table import Table
+
+    table = Table(*columns, header_style="bold", show_edge=False)
+    for column in table.columns:
+        column.overflow = "fold"
+    return table
+
+
+def _console():  # noqa: ANN202 - rich is imported lazily to keep `--help` fast
+    from rich.console import Console
+
+    # Piped output is not wrapped at 80 columns: a script reading the table gets whole rows.
+    return Console(width=None if sys.stdout.isatty() else 240)
+
+
+def _identity_counts(row: dict[str, Any]) -> str:
+    counts = [row[f"identities_{state}"] for state in ("available", "leased", "resting", "retired")]
+    # No registered pool: requests go out directly, as the one `direct` identity.
+    return "/".join(map(str, counts)) if any(counts) else "direct"
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _identities(args: argparse.Namespace) -> int:
+    from investigations.fleetstats import read_identity_standings
+
+    now = datetime.now(UTC)
+    rows = [row for row in read_identity_standings(_store(Settings.from_env()), now=now)
+            if args.source is None or row.source in (args.source, None)]
+    if args.json:
+        print(json.dumps([vars(row) for row in rows], indent=2))
+        return 0
+    if not rows:
+        print("no identities registered (the pool registers the identities file at its first lease); without "
+              "INVESTIGATIONS_IDENTITIES requests go out directly as `direct`")
+        return 0
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for name in ("identity", "tier", "range", "source", "state", "leased by", "rest until", "score", "rests",
+                 "failures 24h"):
+        table.add_column(name)
+    for row in rows:
+        rest = "-"
+        if row.rest_until_s is not None:
+            until = datetime.fromtimestamp(row.rest_until_s, UTC)
+            rest = f"{until.isoformat(timespec='seconds')} (in {_age(row.rest_until_s - now.timestamp())})"
+        table.add_row(row.identity_id, row.tier, row.range, row.source or "-", row.state, row.leased_by or "-", rest,
+                      f"{row.score:g}", str(row.rests), str(row.failures))
+    _console().print(table, markup=False, highlight=False)
     return 0

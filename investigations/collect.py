@@ -16,7 +16,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NoReturn
@@ -77,6 +77,25 @@ class CollectionResult:
     # and the leases they were sent under (none for the direct identity, which is not leased).
     identity_ids: list[str] = field(default_factory=list)
     lease_ids: list[str] = field(default_factory=list)
+    # What the lead id (a hash) stands for, for people looking for the lead by its value.
+    lead_kind: str = ""
+    lead_value: str = ""
+    # The fields every record carried (with a value): what the schema-drift check compares.
+    common_fields: list[str] = field(default_factory=list)
+
+
+def common_fields(records: Sequence[ParsedRecord]) -> list[str]:
+    """The fields every record carries with a value (sorted); none when there are no records."""
+    if not records:
+        return []
+    shared = set.intersection(*({k for k, v in r.fields.items() if v not in (None, "")} for r in records))
+    return sorted(shared)
+
+
+# Why a collection gave up, as its dead letter says: what the fetcher gave up on (throttled,
+# transient, blocked, permanent, refused), a lead the source cannot take, and a run that died
+# MAX_RUN_DEATHS times (crashed).
+DEAD_LETTER_REASONS = ("throttled", "transient", "blocked", "permanent", "refused", "unknown_lead", "crashed")
 
 
 class CollectionFailed(Exception):
@@ -234,8 +253,10 @@ class Collector:
         written = self.records.write(source, lead_id, found, fetched_at=self.now())
         outcome = "ok" if written.records else "empty"
         now = self.now()
+        fields_in_all = common_fields(found)
         self.store.record_collection(source=source, lead_id=lead_id, outcome=outcome, records=written.records,
                                      content_hash=written.content_hash, path=str(written.path), run_id=run_id,
+                                     common_fields=fields_in_all,
                                      now=now)
         self.store.finish_dispatched(source, lead_id, outcome=outcome, now=now)
         self._record_circuit(spec, success=True)
@@ -252,6 +273,9 @@ class Collector:
             sample_keys=sorted(r.key for r in found)[:5],
             identity_ids=identities.identity_ids,
             lease_ids=identities.lease_ids,
+            lead_kind=lead.kind,
+            lead_value=lead.value,
+            common_fields=fields_in_all,
         )
 
     def _lease_first(self, identities: _Identities, source: str) -> bool:

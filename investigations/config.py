@@ -24,6 +24,26 @@ class ConfigError(ValueError):
     """A setting is missing or impossible; the message names the variable."""
 
 
+# What marks the project's folder: the Dagster workspace and the sources file beside it.
+_PROJECT_MARKERS = ("workspace.yaml", "sources.yaml")
+
+
+def project_root(env: Mapping[str, str] | None = None, *, cwd: Path | None = None) -> Path:
+    """The folder the default paths (`.investigations/`, `sources.yaml`) are relative to, so a
+    command finds the same state from any folder: `INVESTIGATIONS_HOME` if set; else the nearest
+    folder at or above the current one that holds the project (workspace.yaml and sources.yaml);
+    else the project this package was installed from (an editable install); else the current one."""
+    env = os.environ if env is None else env
+    if env.get("INVESTIGATIONS_HOME"):
+        return Path(env["INVESTIGATIONS_HOME"]).resolve()
+    here = (cwd or Path.cwd()).resolve()
+    installed = Path(__file__).resolve().parents[1]
+    for folder in (here, *here.parents, installed):
+        if all((folder / marker).is_file() for marker in _PROJECT_MARKERS):
+            return folder
+    return here
+
+
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path
@@ -40,13 +60,14 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read `INVESTIGATIONS_*` variables, filling in the embedded defaults (SQLite, local dirs)."""
         env = os.environ if env is None else env
-        data_dir = Path(env.get("INVESTIGATIONS_DATA_DIR") or DEFAULT_DATA_DIR).resolve()
+        root = project_root(env)
+        data_dir = Path(env.get("INVESTIGATIONS_DATA_DIR") or root / DEFAULT_DATA_DIR).resolve()
         database_url = env.get("INVESTIGATIONS_DATABASE_URL") or f"sqlite:///{data_dir / 'state.db'}"
         identities = env.get("INVESTIGATIONS_IDENTITIES")
         return cls(
             data_dir=data_dir,
             database_url=database_url,
-            sources_path=Path(env.get("INVESTIGATIONS_SOURCES") or DEFAULT_SOURCES_FILE).resolve(),
+            sources_path=Path(env.get("INVESTIGATIONS_SOURCES") or root / DEFAULT_SOURCES_FILE).resolve(),
             identities_path=Path(identities).resolve() if identities else None,
             webhook_secrets=tuple(parse_secrets(env.get("INVESTIGATIONS_WEBHOOK_SECRET") or "")),
             intake_port=_port(env, "INVESTIGATIONS_INTAKE_PORT", DEFAULT_INTAKE_PORT),

@@ -129,7 +129,8 @@ def run_demo_fleet(project_root: Path, *, send_demo: bool = True) -> int:
             print(f"demo case sent to the intake: HTTP {answer.status_code} {answer.text[:200]}", flush=True)
         print(
             f"\nThe fleet is up.\n  Dagster UI   {ui_url}  (Runs, Assets > sources)\n"
-            f"  intake       {intake_url}/v1/leads\n  sandbox web  {sandbox_url}/_control\n"
+            f"  intake       {intake_url}/v1/leads  (fleet figures: {intake_url}/metrics, `investigations fleet`)\n"
+            f"  sandbox web  {sandbox_url}/_control\n"
             f"  records      {settings.records_dir}\nCtrl-C stops everything.\n",
             flush=True,
         )

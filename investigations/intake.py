@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import anyio
 import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -31,6 +32,7 @@ from starlette.routing import Route
 
 from investigations.config import ConfigError, Settings
 from investigations.leads import Lead, LeadError, normalize_lead
+from investigations.metrics import fleet_registry, render
 from investigations.priority import PriorityClass
 from investigations.redaction import install_log_redaction
 from investigations.specs import SourceCatalog, load_sources
@@ -194,7 +196,8 @@ def create_intake_app(
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> Starlette:
-    """Build the intake ASGI app: `GET /healthz` and `POST /v1/leads` (see the module docstring).
+    """Build the intake ASGI app: `GET /healthz`, `POST /v1/leads` (see the module docstring) and
+    `GET /metrics`, the fleet figures per source for Prometheus (`investigations.metrics`).
 
     The caller owns `store` and closes it; the app only borrows it. `secret` may be a list: a
     delivery signed with any of them is accepted (rotation). A bad secret (empty, or a `whsec_`
@@ -202,6 +205,15 @@ def create_intake_app(
     """
     verifier = WebhookVerifier(secret)  # registers the secrets for redaction, too
     install_log_redaction()
+    registry = fleet_registry(store, catalog)
+
+    async def metrics(request: Request) -> Response:
+        try:
+            body = await run_in_threadpool(render, registry)
+        except SQLAlchemyError as exc:
+            logger.warning("metrics: state store unreachable (%s)", type(exc).__name__)
+            return _error(503, "state store unavailable")
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
         try:
@@ -304,7 +316,8 @@ def create_intake_app(
         assert isinstance(exc, HTTPException)
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
-    routes = [Route("/healthz", healthz, methods=["GET"]), Route("/v1/leads", post_leads, methods=["POST"])]
+    routes = [Route("/healthz", healthz, methods=["GET"]), Route("/v1/leads", post_leads, methods=["POST"]),
+              Route("/metrics", metrics, methods=["GET"])]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
 

@@ -135,3 +135,12 @@ _NORMALIZERS = {
     "org": _org,
     "ip": _ip,
 }
+
+
+def lead_id_of(text: str) -> str:
+    """A lead id as given, or the id of a lead given as kind:value (`domain:example.com`); raises
+    LeadError when kind:value is no valid lead."""
+    kind, colon, value = text.partition(":")
+    if colon and kind in LEAD_KINDS:  # lead ids have no colon: this is kind:value
+        return normalize_lead(kind, value).id
+    return text

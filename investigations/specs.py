@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from investigations.leads import LEAD_KINDS
+from investigations.leads import LEAD_KINDS, Lead, LeadError, normalize_lead
 from investigations.netguard import TargetAllowance, url_origin
 from investigations.redaction import register_secret
 
@@ -271,6 +271,25 @@ PARSE_MODELS: dict[str, type[_Model]] = {
 }
 
 
+class CanarySpec(_Model):
+    """A known-positive lead: the source must always find records for it (see `canaries`)."""
+
+    kind: str
+    value: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _normalizes(self) -> CanarySpec:
+        try:
+            normalize_lead(self.kind, self.value)
+        except LeadError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def lead(self) -> Lead:
+        return normalize_lead(self.kind, self.value)
+
+
 class SourceSpec(_Model):
     """One source of the fleet: where and how to ask, how fast, how hard to retry, what to expect."""
 
@@ -299,8 +318,16 @@ class SourceSpec(_Model):
     timeout_s: Positive = 10.0
     recrawl_every_s: Positive = 86400.0
     identity_tier: str = "datacenter"
+    # Spend a day (UTC) after which the source gets no more background work (recurring crawls,
+    # backfills); interactive leads still go. 0 means no budget. See `investigations.cost`.
     daily_budget_usd: float = Field(default=0.0, ge=0)
+    # What one request to the source itself costs (an API's price per call), on top of what the
+    # identity it goes out as costs (the identities file's cost_per_request_usd and cost_per_mb_usd).
+    cost_per_request_usd: float = Field(default=0.0, ge=0)
     expected_min_records: int = Field(default=0, ge=0)
+    # Known-positive leads, collected on the source's cadence: one answering with no records fails
+    # the source's `canaries_pass` check before any case notices.
+    canaries: tuple[CanarySpec, ...] = ()
     # Text that marks a block or challenge page (matched case-insensitively at the top of a body):
     # such an answer counts against the identity that got it, whatever its status.
     block_markers: tuple[str, ...] = Field(default_factory=lambda: _default_block_markers())
@@ -336,6 +363,14 @@ class SourceSpec(_Model):
         if unknown:
             raise ValueError(f"unknown lead kinds {unknown} (known: {', '.join(LEAD_KINDS)})")
         return kinds
+
+    @model_validator(mode="after")
+    def _canaries_are_taken(self) -> SourceSpec:
+        wrong = [c.kind for c in self.canaries if c.kind not in self.lead_kinds]
+        if wrong:
+            raise ValueError(f"canaries of kinds {wrong} that the source does not take (lead_kinds: "
+                             f"{', '.join(self.lead_kinds)})")
+        return self
 
     def accepts(self, kind: str) -> bool:
         return kind in self.lead_kinds

@@ -46,6 +46,7 @@ from assets.jobs import SourceJob
 from assets.naming import job_name
 from assets.partitions import leads_partitions
 from investigations.dispatch import DispatchPlan, Handover, ingest, max_runtime_s, order_from, plan_dispatch
+from investigations.leads import Lead
 from investigations.pacing import Circuits
 from investigations.priority import BACKGROUND_TAG, HANDOVER_TAG, run_tags
 from investigations.specs import SourceCatalog, SourceSpec
@@ -74,7 +75,12 @@ IN_FLIGHT_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, Dag
                       DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
-def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSpec) -> RunRequest:
+# A run tag names the lead as an investigator types it (`domain:example.com`), cut to this length.
+LEAD_TAG_MAX = 200
+
+
+def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSpec,
+                    lead: Lead | None = None) -> RunRequest:
     """The Dagster run of one handover. A single lead runs on its partition; a batch over the
     partition range enveloping its leads (first..last in the `leads` partition order). Either names
     its handover in a tag: the run collects the leads recorded under it that it still owes, so a
@@ -87,6 +93,9 @@ def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSp
     if not handover.is_batch:
         row = handover.rows[0]
         tags["investigations/lead_id"] = row.lead_id
+        if lead is not None:
+            # The partition key is a hash; this tag lets the Runs page be filtered by the lead itself.
+            tags["investigations/lead"] = f"{lead.kind}:{lead.value}"[:LEAD_TAG_MAX]
         if row.case_id:
             tags["investigations/case_id"] = row.case_id
         return RunRequest(job_name=job_name(handover.source), partition_key=row.lead_id, run_key=handover.key,
@@ -111,14 +120,18 @@ def run_requests_for(store: StateStore, instance: DagsterInstance, plan: Dispatc
     handovers = plan.handovers
     for handover in handovers:
         store.assign_handover([row.id for row in handover.rows], handover_key=handover.key)
+    def single(handover: Handover) -> RunRequest:
+        return run_request_for(handover, {}, catalog.get(handover.source), store.get_lead(handover.rows[0].lead_id))
+
     if not any(handover.is_batch for handover in handovers):
-        return [run_request_for(handover, {}, catalog.get(handover.source)) for handover in handovers]
+        return [single(handover) for handover in handovers]
     positions = order()
     batch_leads = [lead for handover in handovers if handover.is_batch for lead in handover.lead_ids]
     if ensure_partitions(instance, batch_leads, positions):
         order.cache_clear()  # type: ignore[attr-defined]
         positions = order()
-    return [run_request_for(handover, positions, catalog.get(handover.source)) for handover in handovers]
+    return [run_request_for(handover, positions, catalog.get(handover.source)) if handover.is_batch
+            else single(handover) for handover in handovers]
 
 
 def partition_order_of(instance: DagsterInstance) -> Callable[[], Mapping[str, int]]:

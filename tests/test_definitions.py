@@ -38,3 +38,27 @@ def test_module_level_defs_load_as_the_code_server_loads_them() -> None:
     # What a code server does on start: every job, asset and sensor resolved, names checked unique.
     Definitions.validate_loadable(definitions.defs)
     assert definitions.defs.resolve_sensor_def("new_leads") is not None
+
+
+def test_slack_alerts_exist_only_with_a_token_which_stays_an_env_var(sandbox_env, monkeypatch) -> None:
+    settings = Settings.from_env()
+    monkeypatch.delenv("INVESTIGATIONS_SLACK_TOKEN", raising=False)
+    assert "alert_operators_in_slack" not in {s.name for s in build_definitions(settings).sensors}
+    monkeypatch.setenv("INVESTIGATIONS_SLACK_TOKEN", "xoxb-secret-value")
+    defs = build_definitions(settings)
+    Definitions.validate_loadable(defs)
+    assert defs.resolve_sensor_def("alert_operators_in_slack") is not None
+    slack = defs.resources["slack"]
+    # What the UI shows of the resource is the variable's name, never its value.
+    assert "xoxb-secret-value" not in repr(slack._get_non_default_public_field_values())
+    assert defs.resolve_schedule_def("source_health_every_5_minutes") is not None
+
+
+def test_fleet_health_is_refreshed_by_a_schedule_every_minute(sandbox_env) -> None:
+    from dagster import AssetKey, DefaultScheduleStatus
+
+    defs = build_definitions(Settings.from_env())
+    schedule = defs.resolve_schedule_def("fleet_health_every_minute")
+    assert schedule.cron_schedule == "* * * * *" and schedule.default_status == DefaultScheduleStatus.RUNNING
+    job = defs.resolve_job_def(schedule.job_name)
+    assert job.asset_layer.selected_asset_keys == {AssetKey(["fleet", "health"])}

@@ -11,9 +11,12 @@ from sqlalchemy import (
     Engine,
     Float,
     Index,
+    Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
+    Text,
     UniqueConstraint,
     inspect,
     select,
@@ -67,6 +70,30 @@ _COLLECTION_QUEUE_V2 = Table(
 )
 
 
+# `collections` as version 1 created it (version 7 added `common_fields`).
+_COLLECTIONS_V1 = Table(
+    "collections",
+    MetaData(),
+    Column("source", String(64), nullable=False),
+    Column("lead_id", String(64), nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Column("records", Integer, nullable=False),
+    Column("content_hash", String(64), nullable=True),
+    Column("path", Text, nullable=True),
+    Column("run_id", String(64), nullable=True),
+    Column("last_attempt_at", s.UTCDateTime, nullable=False),
+    Column("last_success_at", s.UTCDateTime, nullable=True),
+    PrimaryKeyConstraint("source", "lead_id"),
+)
+
+
+def _create_base(conn: Connection, _schema: str | None) -> None:
+    s.metadata.create_all(
+        conn, tables=[s.schema_version, s.cases, s.leads, s.case_leads, s.inbox, s.fetch_log, s.dead_letters]
+    )
+    _COLLECTIONS_V1.create(conn)
+
+
 def _create_flow_control(conn: Connection, _schema: str | None) -> None:
     # New tables only: `rate_lanes` and `collection_queue` from their version-2 copies, `circuits`
     # from its unchanged declaration.
@@ -99,11 +126,14 @@ def _add_queue_handovers(conn: Connection, schema: str | None) -> None:
     conn.execute(text(f"CREATE INDEX {index} ON {queue} (handover_key)"))
 
 
+def _add_collection_fields(conn: Connection, schema: str | None) -> None:
+    # Collections stored before carry no field list: the drift check learns from the next ones.
+    collections = _qualified(conn, "collections", schema)
+    conn.execute(text(f"ALTER TABLE {collections} ADD COLUMN common_fields TEXT"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
-    1: lambda conn, _schema: s.metadata.create_all(
-        conn, tables=[s.schema_version, s.cases, s.leads, s.case_leads, s.inbox, s.fetch_log, s.collections,
-                      s.dead_letters]
-    ),
+    1: _create_base,
     2: _create_flow_control,
     3: lambda conn, _schema: s.metadata.create_all(
         conn, tables=[s.identities, s.identity_leases, s.identity_health, s.range_rests, s.tier_state,
@@ -112,6 +142,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     4: _add_lane_ceiling,
     5: _add_lane_recent_sends,
     6: _add_queue_handovers,
+    7: _add_collection_fields,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

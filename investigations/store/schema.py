@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -136,6 +136,9 @@ collections = Table(
     Column("run_id", String(64), nullable=True),
     Column("last_attempt_at", UTCDateTime, nullable=False),
     Column("last_success_at", UTCDateTime, nullable=True),
+    # version 7: the fields every record of the latest successful collection carried (JSON list,
+    # sorted); what the schema-drift check compares a new answer with. NULL: not known (older rows).
+    Column("common_fields", Text, nullable=True),
     PrimaryKeyConstraint("source", "lead_id"),
 )
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, and_, delete, func, select, text
+from sqlalchemy import Connection, Engine, Table, and_, case, delete, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from investigations.events import FetchEvent
@@ -60,6 +60,7 @@ class Collection:
     run_id: str | None
     last_attempt_at: datetime
     last_success_at: datetime | None
+    common_fields: str | None = None
 
 
 @dataclass(frozen=True)
@@ -416,6 +417,13 @@ class StateStore:
         with self.engine.begin() as conn:
             return len(_insert_new(conn, s.collection_queue, rows, keys=["source", "lead_id", "origin"]))
 
+    def pending_leads(self, source: str, lead_ids: Sequence[str]) -> set[str]:
+        """Those of `lead_ids` with a collection by `source` queued or dispatched."""
+        q = s.collection_queue
+        query = select(q.c.lead_id).where(q.c.source == source, q.c.state != "done", q.c.lead_id.in_(list(lead_ids)))
+        with self.engine.begin() as conn:
+            return set(conn.scalars(query))
+
     def queue_depths(self, *, now: datetime | None = None) -> dict[str, dict[str, int]]:
         """Per source: collections queued and ready, queued but waiting (not_before), dispatched, and
         of those ready and of those dispatched, how many are interactive."""
@@ -569,8 +577,12 @@ class StateStore:
         path: str | None,
         run_id: str | None,
         now: datetime | None = None,
+        common_fields: Sequence[str] | None = None,
     ) -> None:
-        """Note the latest attempt at a collection; a success also clears its dead letter."""
+        """Note the latest attempt at a collection; a success also clears its dead letter.
+
+        `common_fields`: the fields every record of a successful collection carried (kept only when
+        it found records, for the schema-drift check)."""
         now = now or utcnow()
         succeeded = outcome != "failed"
         row = {
@@ -583,10 +595,13 @@ class StateStore:
             "run_id": run_id,
             "last_attempt_at": now,
             "last_success_at": now if succeeded else None,
+            "common_fields": json.dumps(sorted(common_fields)) if common_fields is not None and records else None,
         }
         update = ["outcome", "run_id", "last_attempt_at"]
         if succeeded:
             update += ["records", "content_hash", "path", "last_success_at"]
+            if records:
+                update.append("common_fields")
         with self.engine.begin() as conn:
             _upsert(conn, s.collections, [row], keys=["source", "lead_id"], update=update)
             if succeeded:
@@ -602,6 +617,75 @@ class StateStore:
                 select(s.collections).where(s.collections.c.source == source, s.collections.c.lead_id == lead_id)
             ).mappings().first()
         return Collection(**row) if row else None
+
+    # -- what the degradation checks compare with -------------------------------------------------
+
+    def recent_collections(self, source: str, *, kind: str, limit: int, exclude: Sequence[str] = ()
+                           ) -> list[tuple[int, list[str] | None]]:
+        """The latest successful collections by `source` of `kind` leads, newest first: each one's
+        record count and common fields (None when not known). A source's own baseline."""
+        c = s.collections
+        query = (
+            select(c.c.records, c.c.common_fields)
+            .join(s.leads, s.leads.c.lead_id == c.c.lead_id)
+            .where(c.c.source == source, s.leads.c.kind == kind, c.c.outcome.in_(["ok", "empty"]))
+            .order_by(c.c.last_attempt_at.desc())
+            .limit(limit)
+        )
+        if exclude:
+            query = query.where(c.c.lead_id.not_in(list(exclude)))
+        with self.engine.begin() as conn:
+            return [(row.records, json.loads(row.common_fields) if row.common_fields else None)
+                    for row in conn.execute(query)]
+
+    def collection_volume(self, source: str, *, since: datetime, until: datetime | None = None
+                          ) -> tuple[int, int, int]:
+        """Of the source's collections last attempted in [since, until): how many answered (ok or
+        empty), how many of those were empty, and the records they stored."""
+        c = s.collections
+        answered = c.c.outcome.in_(["ok", "empty"])
+        query = select(func.count(), func.sum(case((c.c.outcome == "empty", 1), else_=0)),
+                       func.coalesce(func.sum(c.c.records), 0)).where(
+            c.c.source == source, c.c.last_attempt_at >= since, answered)
+        if until is not None:
+            query = query.where(c.c.last_attempt_at < until)
+        with self.engine.begin() as conn:
+            count, empty, records = conn.execute(query).one()
+        return int(count), int(empty or 0), int(records)
+
+    def monitored_freshness(self, source: str, *, lead_kinds: Sequence[str]) -> list[tuple[str, datetime | None]]:
+        """Every lead `source` monitors (in an active case, of a kind it takes) with the time it was
+        last collected WITH records (None: never, or its latest answer was empty or failed)."""
+        c = s.collections
+        active = (
+            select(s.case_leads.c.lead_id)
+            .join(s.cases, s.cases.c.case_id == s.case_leads.c.case_id)
+            .where(s.cases.c.status == "active")
+        )
+        with_records = and_(c.c.outcome == "ok", c.c.records > 0)
+        query = (
+            select(s.leads.c.lead_id, c.c.last_success_at, with_records.label("with_records"))
+            .select_from(s.leads.outerjoin(c, and_(c.c.lead_id == s.leads.c.lead_id, c.c.source == source)))
+            .where(s.leads.c.kind.in_(list(lead_kinds)), s.leads.c.lead_id.in_(active))
+            .order_by(s.leads.c.lead_id)
+        )
+        with self.engine.begin() as conn:
+            return [(row.lead_id, row.last_success_at if row.with_records else None) for row in conn.execute(query)]
+
+    def fetch_profile(self, source: str, *, since: datetime, until: datetime | None = None
+                      ) -> tuple[dict[str, int], float | None]:
+        """The requests `source` sent in [since, until): counts by outcome, and the mean size of
+        its usable (`ok`) answers in bytes (None when there were none)."""
+        fl = s.fetch_log
+        query = select(fl.c.outcome, func.count(), func.avg(fl.c.bytes)).where(
+            fl.c.source == source, fl.c.at >= since).group_by(fl.c.outcome)
+        if until is not None:
+            query = query.where(fl.c.at < until)
+        with self.engine.begin() as conn:
+            rows = conn.execute(query).all()
+        counts = {outcome: int(n) for outcome, n, _ in rows}
+        ok_bytes = next((float(mean) for outcome, _, mean in rows if outcome == "ok" and mean is not None), None)
+        return counts, ok_bytes
 
     def put_dead_letter(
         self,

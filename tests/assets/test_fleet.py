@@ -29,3 +29,37 @@ def test_no_dead_letters_says_so(sandbox_env) -> None:
     result = materialize([dead_letters], resources={"fleet": FleetResource()})
     (mat,) = result.asset_materializations_for_node("fleet__dead_letters")
     assert mat.metadata["total"].value == 0 and mat.metadata["newest"].value == "No dead letters."
+
+
+def test_fleet_health_records_a_numeric_entry_per_source_and_figure(sandbox_env) -> None:
+    from datetime import UTC, datetime
+
+    from dagster import AssetKey, DagsterInstance
+
+    from assets.fleet import fleet_health
+    from investigations.catalog import load_catalog
+    from investigations.events import FetchEvent, Outcome
+    from investigations.fleetstats import NUMERIC_FIGURES
+
+    settings = Settings.from_env()
+    store = StateStore.from_url(settings.database_url)
+    for outcome, status in ((Outcome.OK, 200),) * 3 + ((Outcome.BLOCKED, 403),) * 2:
+        store.record_fetch(FetchEvent(source="robust", lead_id="l", identity_id="direct", url="https://x.example/",
+                                      method="GET", status=status, outcome=outcome, latency_ms=30.0, bytes=10,
+                                      attempt=1, at=datetime.now(UTC)))
+    store.put_dead_letter(source="flaky", lead_id="l1", reason_group="transient", last_status=503, attempts=4,
+                          last_error="HTTP 503")
+    with DagsterInstance.ephemeral() as instance:
+        assert materialize([fleet_health], resources={"fleet": FleetResource()}, instance=instance).success
+        event = instance.get_latest_materialization_event(AssetKey(["fleet", "health"]))
+    metadata = event.asset_materialization.metadata
+    for spec in load_catalog(settings.sources_path).sources:
+        for name in ("backlog", "requests_per_min", "records_per_min", "dead_letters", "spend_today_usd"):
+            assert isinstance(metadata[f"{spec.name}/{name}"].value, float), (spec.name, name)
+    assert metadata["robust/requests_per_min"].value == 5 / 15
+    assert metadata["robust/block_rate"].value == 2 / 5 and metadata["robust/latency_p95_ms"].value == 30.0
+    assert "fragile/latency_p95_ms" not in metadata  # no requests, no latency: not plotted as 0
+    assert metadata["flaky/dead_letters"].value == 1.0
+    assert metadata["robust/health"].value == "blocked" and metadata["slow/health"].value == "idle"
+    assert metadata["unhealthy"].value == ["robust"]
+    assert set(NUMERIC_FIGURES) >= {key.split("/", 1)[1] for key in metadata if "/" in key} - {"health"}

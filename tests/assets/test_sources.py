@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from dagster import AssetCheckSeverity, AssetSelection, DagsterInstance, Definitions, define_asset_job, materialize
+from dagster import AssetCheckKey, AssetCheckSeverity, AssetSelection, DagsterInstance, Definitions, define_asset_job, materialize
 
-from assets.naming import source_asset_key
+from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from assets.sources import build_source_asset
 from investigations.catalog import load_catalog
 from investigations.config import Settings
@@ -107,19 +107,30 @@ def test_a_source_that_keeps_failing_fails_the_run_and_leaves_a_dead_letter(worl
     assert letter.lead_id == lead.id and letter.reason_group == "transient" and letter.attempts == 2
 
 
-def test_a_batch_run_collects_every_lead_of_a_partition_range(world) -> None:
+def _batch_of_four(world):
+    """Three more leads after the world's one, and a function running robust over the four."""
     settings, lead, instance, store = world
     others = [normalize_lead("domain", f"batch{i}.example") for i in range(3)]
     for other in others:
         store.add_lead(other, case_id="case-1")
     instance.add_dynamic_partitions("leads", [other.id for other in others])
     spec = load_catalog(settings.sources_path).get("robust")
-    result = materialize(
-        [build_source_asset(spec)],
-        instance=instance,
-        tags={"dagster/asset_partition_range_start": lead.id, "dagster/asset_partition_range_end": others[-1].id},
-        resources={"fleet": FleetResource()},
-    )
+
+    def run():
+        return materialize(
+            [build_source_asset(spec)],
+            instance=instance,
+            tags={"dagster/asset_partition_range_start": lead.id, "dagster/asset_partition_range_end": others[-1].id},
+            resources={"fleet": FleetResource()},
+        )
+
+    return others, run
+
+
+def test_a_batch_run_collects_every_lead_of_a_partition_range(world) -> None:
+    _, lead, _, _ = world
+    others, run = _batch_of_four(world)
+    result = run()
     mats = result.asset_materializations_for_node("sources__robust")
     assert sorted(m.partition for m in mats) == sorted([lead.id, *(o.id for o in others)])
     checks = result.get_asset_check_evaluations()
@@ -202,3 +213,41 @@ def test_a_background_run_worker_gives_up_cpu_priority_once_and_an_interactive_o
 ) -> None:
     inherited = os.getpriority(os.PRIO_PROCESS, 0)
     assert _niceness_after(tags) == (max(inherited, BACKGROUND_NICENESS) if background else inherited)
+
+
+def _check_partition_states(instance: DagsterInstance, source: str) -> dict[str, str]:
+    """Each partition's check state as Dagster's UI counts it: a result is current only when it
+    names the partition's latest materialization; any other counts as missing."""
+    infos = instance.event_log_storage.get_asset_check_partition_info(
+        [AssetCheckKey(source_asset_key(source), EMPTY_CHECK_NAME)]
+    )
+    return {i.partition_key: i.latest_execution_status.value if i.is_current else "MISSING" for i in infos}
+
+
+def test_a_single_lead_check_result_counts_as_the_partitions_current_result(world) -> None:
+    settings, lead, instance, _ = world
+    spec = load_catalog(settings.sources_path).get("quiet")
+    result = _materialize(spec, lead, instance)
+    assert result.success
+    assert _check_partition_states(instance, "quiet") == {lead.id: "FAILED"}
+    messages = [e.message for e in instance.all_logs(result.run_id)]
+    assert not [m for m in messages if "did not yield or return expected outputs" in m]
+
+
+def test_every_lead_of_a_batch_run_gets_a_current_check_result(world) -> None:
+    _, lead, instance, _ = world
+    others, run = _batch_of_four(world)
+    for _ in range(2):  # the second run's results replace the first's as current
+        result = run()
+    assert _check_partition_states(instance, "robust") == {lead.id: "SUCCEEDED", **{o.id: "SUCCEEDED" for o in others}}
+    assert not [e for e in instance.all_logs(result.run_id) if "did not yield" in e.message]
+
+
+def test_a_materialization_names_its_lead_and_row_count(world) -> None:
+    settings, lead, instance, _ = world
+    spec = load_catalog(settings.sources_path).get("robust")
+    _materialize(spec, lead, instance)
+    event = instance.get_latest_materialization_event(source_asset_key("robust"))
+    metadata = event.asset_materialization.metadata
+    assert metadata["lead_kind"].value == "domain" and metadata["lead_value"].value == "example.com"
+    assert metadata["dagster/row_count"].value == metadata["records"].value >= 1

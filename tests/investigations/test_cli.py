@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from investigations.cli import main
+from investigations.config import Settings
 from investigations.events import Outcome
+from investigations.leads import normalize_lead
 from investigations.pacing import Circuits, GapSampler, RateLanes, source_lane
 from investigations.specs import load_sources
 from investigations.store import StateStore
@@ -27,7 +29,9 @@ def state(tmp_path, monkeypatch):
 def test_dlq_list_shows_reason_status_and_attempts(state, capsys) -> None:
     assert main(["dlq", "list"]) == 0
     out = capsys.readouterr().out
-    assert "flaky" in out and "domain-1" in out and "transient" in out and "attempts 4" in out
+    (row,) = [line for line in out.splitlines() if "domain-1" in line]
+    assert [cell.strip() for cell in row.split("│")][:5] == ["flaky", "domain-1", "transient", "503", "4"]
+    assert "HTTP 503 (exhausted 4 attempts)" in out  # whole, not cut
 
 
 def test_dlq_requeue_twice_queues_once_and_says_so(state, capsys) -> None:
@@ -37,7 +41,8 @@ def test_dlq_requeue_twice_queues_once_and_says_so(state, capsys) -> None:
     assert "requeued 0 of 1 matching dead letter(s); 1 already queued" in capsys.readouterr().out
     assert state.queue_depths()["flaky"]["ready"] == 1
     main(["dlq", "list"])
-    assert "[requeued]" in capsys.readouterr().out
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "domain-1" in line]
+    assert [cell.strip() for cell in row.split("│")][6] == "yes"
 
 
 def test_dlq_requeue_without_a_filter_refuses(state, capsys) -> None:
@@ -109,3 +114,156 @@ def test_fleet_says_why_parked_collections_wait(state, monkeypatch, capsys) -> N
     assert rows["robust"]["parked"] == {"rate lane full for 130 s": 1} and rows["quiet"]["parked"] == {}
     assert main(["fleet"]) == 0
     assert "robust: 1 parked: rate lane full for 130 s" in capsys.readouterr().out
+
+
+SOURCES = Path(__file__).resolve().parents[2] / "sources.yaml"
+
+
+def _fetched(store, source, outcome, *, requests=1, status=200, identity_id="direct"):
+    from datetime import UTC, datetime
+
+    from investigations.events import FetchEvent
+
+    store.record_fetches(
+        FetchEvent(source=source, lead_id="l", identity_id=identity_id, url="https://x.example/", method="GET",
+                   status=status, outcome=outcome, latency_ms=12.0, bytes=100, attempt=1, at=datetime.now(UTC))
+        for _ in range(requests))
+
+
+def test_fleet_figures_and_health_per_source_as_json(state, monkeypatch, capsys) -> None:
+    from investigations.leads import normalize_lead
+
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(SOURCES))
+    lead = normalize_lead("domain", "example.com")
+    state.add_lead(lead, case_id="case-1")
+    _fetched(state, "robust", Outcome.OK, requests=6)
+    state.record_collection(source="robust", lead_id=lead.id, outcome="ok", records=4, content_hash="h", path="/p",
+                            run_id="r")
+    _fetched(state, "quiet", Outcome.OK, requests=6)
+    state.record_collection(source="quiet", lead_id=lead.id, outcome="empty", records=0, content_hash="h", path="/p",
+                            run_id="r")
+    _fetched(state, "fragile", Outcome.THROTTLED, requests=3, status=429)
+    assert main(["fleet", "--json", "--window-min", "5"]) == 0
+    rows = {row["source"]: row for row in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"robust", "fragile", "flaky", "quiet", "slow"}
+    assert {source: row["health"] for source, row in rows.items()} == {
+        "robust": "ok", "quiet": "empty", "fragile": "blocked", "flaky": "idle", "slow": "idle"}
+    robust = rows["robust"]
+    assert robust["requests_per_min"] == 6 / 5 and robust["records_per_min"] == 4 / 5
+    assert (robust["fresh"], robust["monitored"], robust["latency_p95_ms"]) == (1, 1, 12.0)
+    assert rows["quiet"]["fresh"] == 0  # an empty answer is not fresh
+    assert rows["flaky"]["dead_letters"] == 1 and rows["fragile"]["block_rate"] == 1.0
+
+
+def test_fleet_table_has_a_health_column_and_says_why_a_source_is_unhealthy(state, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(SOURCES))
+    _fetched(state, "fragile", Outcome.THROTTLED, requests=3, status=429)
+    assert main(["fleet"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "source" in line and "health" in line)
+    assert header.split()[:3] == ["source", "health", "backlog"]
+    assert "fragile: blocked: 3 of 3 requests throttled or blocked" in out
+    assert "slow: idle" not in out  # idle needs no explanation
+
+
+def test_fleet_watch_refreshes_until_interrupted(state, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(SOURCES))
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("investigations.cli.time.sleep", sleep)
+    assert main(["fleet", "--json", "--watch", "0.5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert naps == [0.5, 0.5] and len(lines) == 2  # one JSON document per refresh, one per line
+    assert {row["source"] for row in json.loads(lines[1])} >= {"robust", "quiet"}
+    assert main(["fleet", "--watch", "0"]) == 2
+
+
+def test_identities_lists_the_pool_without_credentials(state, monkeypatch, capsys) -> None:
+    from investigations.identities import IdentityPool, parse_identities
+
+    password = "s3cret-proxy-pass-77"
+    catalog = parse_identities("""
+tiers: [datacenter]
+identities:
+  - {id: dc1_a, range: dc1, tier: datacenter, proxy_url: "http://fleet:${PROXY_PASS}@127.0.0.9:8080"}
+  - {id: dc1_b, range: dc1, tier: datacenter}
+""", env={"PROXY_PASS": password})
+    pool = IdentityPool(state, catalog, rng=random.Random(1))
+    lease = pool.acquire("robust", holder="run-abc", ttl_s=60)
+    assert lease is not None
+    pool.report(lease, "identity_fault", status=403)  # a hard block: rests at robust
+    other = pool.acquire("robust", holder="run-def", ttl_s=60)
+    assert other is not None and other.identity_id != lease.identity_id
+    _fetched(state, "robust", Outcome.BLOCKED, status=403, identity_id=lease.identity_id)
+    assert main(["identities", "--json"]) == 0
+    rows = {(row["identity_id"], row["source"]): row for row in json.loads(capsys.readouterr().out)}
+    assert rows[(lease.identity_id, "robust")]["state"] == "resting"
+    assert rows[(lease.identity_id, "robust")]["failures"] == 1
+    assert (rows[(other.identity_id, "robust")]["state"], rows[(other.identity_id, "robust")]["leased_by"]) == (
+        "leased", "run-def")
+    assert main(["identities"]) == 0
+    out = capsys.readouterr().out
+    assert "resting" in out and "run-def" in out and lease.identity_id in out
+    for listing in (out, json.dumps(list(rows.values()))):
+        assert password not in listing and "127.0.0.9" not in listing and "fleet:" not in listing
+    pool.close()
+
+
+def test_identities_without_a_pool_says_requests_go_out_directly(state, capsys) -> None:
+    assert main(["identities"]) == 0
+    assert "`direct`" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["dlq", "list", "--source", "nosuch"], "unknown source 'nosuch' (known: robust, fragile, flaky, quiet, slow)"),
+        (["dlq", "requeue", "--reason", "bogus"], "unknown reason 'bogus' (known: throttled, transient,"),
+        (["identities", "--source", "nosuch"], "unknown source 'nosuch'"),
+        (["backfill", "--source", "nosuch"], "unknown source 'nosuch'"),
+        (["records", "--lead", "domain:not a domain"], "not a domain"),
+    ],
+)
+def test_a_filter_naming_nothing_is_an_error_with_the_valid_choices(state, capsys, argv, says) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"investigations: {says}") or says in err
+    assert not err.startswith('investigations: "') and "Traceback" not in err  # no Python repr
+    assert state.queue_depths() == {}  # nothing was requeued or queued
+
+
+@pytest.mark.parametrize("argv", [["fleet", "--hours", "-1"], ["records", "--limit", "0"]])
+def test_a_number_that_must_be_positive_is_refused_by_the_parser(state, capsys, argv) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and "must be above 0" in capsys.readouterr().err
+
+
+def test_a_dead_letter_is_requeued_by_its_lead_given_as_kind_and_value(state, capsys, tmp_path) -> None:
+    lead = normalize_lead("domain", "example.com")
+    state.put_dead_letter(source="robust", lead_id=lead.id, reason_group="blocked", last_status=403, attempts=2,
+                          last_error="HTTP 403")
+    assert main(["dlq", "requeue", "--lead", "domain:Example.COM"]) == 0
+    assert "requeued 1 of 1" in capsys.readouterr().out
+
+
+def test_the_cli_finds_the_project_s_state_from_any_folder(monkeypatch, tmp_path) -> None:
+    from investigations.config import project_root
+
+    project = tmp_path / "project"
+    (project / "deep" / "down").mkdir(parents=True)
+    for marker in ("workspace.yaml", "sources.yaml"):
+        (project / marker).write_text("")
+    monkeypatch.delenv("INVESTIGATIONS_HOME", raising=False)
+    assert project_root({}, cwd=project / "deep" / "down") == project
+    assert project_root({"INVESTIGATIONS_HOME": str(tmp_path)}, cwd=project) == tmp_path
+    # Outside any project folder: the project this package was installed from.
+    assert project_root({}, cwd=tmp_path) == Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(project / "deep")
+    settings = Settings.from_env({})
+    assert settings.data_dir == project / ".investigations" and settings.sources_path == project / "sources.yaml"

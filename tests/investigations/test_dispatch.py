@@ -101,10 +101,11 @@ def test_recurring_start_times_are_jittered_within_the_window(world) -> None:
     catalog, store = world
     lead = _lead(store, "due.example")
     _collected(store, lead, hours_ago=7)
-    plan_recurring(store, catalog, now=NOW)
+    plan = {p.source: p for p in plan_recurring(store, catalog, now=NOW)}["robust"]
+    queued = plan.queued + plan.canaries  # the lead and robust's canary
     depth = store.queue_depths(now=NOW)["robust"]
-    assert depth["waiting"] == 1 and depth["ready"] == 0  # starts a little later, not on the tick
-    assert store.queue_depths(now=NOW + timedelta(minutes=10))["robust"]["ready"] == 1
+    assert depth["waiting"] == queued == 2 and depth["ready"] == 0  # starts a little later, not on the tick
+    assert store.queue_depths(now=NOW + timedelta(minutes=10))["robust"]["ready"] == queued
 
 
 def test_a_resting_source_and_a_full_backlog_are_skipped_with_a_reason(world) -> None:
@@ -365,3 +366,21 @@ def test_a_run_s_max_runtime_covers_its_leads_at_the_slowest_throttled_rate(
 ) -> None:
     catalog, _ = world
     assert at_least_s <= max_runtime_s(_with_rate(catalog.get("robust"), source_per_s), leads) <= at_most_s
+
+
+def test_a_source_s_canaries_are_registered_and_queued_once_per_cadence_window(world) -> None:
+    catalog, store = world
+    robust = catalog.get("robust")
+    canary = robust.canaries[0].lead
+    first = {p.source: p for p in plan_recurring(store, catalog, now=NOW)}
+    assert first["robust"].canaries == 1 and first["fragile"].canaries == 0  # fragile names none
+    assert store.get_lead(canary.id) == canary
+    again = {p.source: p for p in plan_recurring(store, catalog, now=NOW + timedelta(minutes=5))}
+    assert again["robust"].canaries == 0  # still waiting in the backlog
+    (row,) = [r for r in store.dispatch("robust", limit=10, now=NOW + timedelta(hours=1))]
+    assert (row.lead_id, row.origin, row.priority_class) == (canary.id, f"canary:{window_of(robust, NOW)}", "recurring")
+    _collected(store, canary.id, hours_ago=0)
+    store.finish_dispatched("robust", canary.id, outcome="ok")
+    assert {p.source: p for p in plan_recurring(store, catalog, now=NOW + timedelta(hours=1))}["robust"].canaries == 0
+    later = NOW + timedelta(seconds=robust.recrawl_every_s + 60)
+    assert {p.source: p for p in plan_recurring(store, catalog, now=later)}["robust"].canaries == 1

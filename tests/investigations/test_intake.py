@@ -448,3 +448,30 @@ def test_a_delivery_within_the_limits_is_accepted_by_the_real_server(real_intake
            f"Content-Length: {len(body)}\r\n{head}\r\n").encode()
     assert real_intake.exchange(raw + body).startswith(b"HTTP/1.1 202 ")
     assert len(rows(store)) == 3
+
+
+def test_metrics_on_the_real_server_has_every_configured_source(
+        real_intake: RealIntake, store: StateStore, catalog: SourceCatalog) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from investigations.events import FetchEvent, Outcome
+
+    store.record_fetch(FetchEvent(source="profiles", lead_id="l", identity_id="direct", url="https://p.example/",
+                                  method="GET", status=429, outcome=Outcome.THROTTLED, latency_ms=40.0, bytes=10,
+                                  attempt=1, at=datetime.now(UTC)))
+    answer = httpx.get(f"http://127.0.0.1:{real_intake.port}/metrics", timeout=10)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+    families = {family.name: family for family in text_string_to_metric_families(answer.text)}
+    for name in ("investigations_source_backlog", "investigations_source_requests_per_min",
+                 "investigations_source_health"):
+        assert {sample.labels["source"] for sample in families[name].samples} == set(catalog.names), name
+    health = {(s.labels["source"], s.labels["health"]): s.value for s in families["investigations_source_health"].samples}
+    assert health[("profiles", "blocked")] == 1.0 and health[("profiles", "ok")] == 0.0
+    assert health[("registry", "idle")] == 1.0
+    (latency,) = families["investigations_source_latency_p95_ms"].samples  # no requests, no figure: registry left out
+    assert (latency.labels["source"], latency.value) == ("profiles", 40.0)
+
+
+def test_metrics_is_503_when_the_store_is_unreachable(broken_store: StateStore, catalog: SourceCatalog) -> None:
+    client = AsgiClient(create_intake_app(store=broken_store, catalog=catalog, secret=SECRET))
+    assert client.get("/metrics").status_code == 503

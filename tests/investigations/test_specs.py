@@ -94,6 +94,10 @@ BROKEN_ENTRIES = [
                  id="zero-probe-step"),
     pytest.param(ALPHA + "    throttle: {increase_step: 0.01, probe_step: 0.02}\n",
                  "key 'throttle': probe_step (0.02) is above increase_step (0.01)", id="probe-faster-than-climb"),
+    pytest.param(ALPHA + "    canaries: [{kind: username, value: alice}]\n",
+                 "canaries of kinds ['username'] that the source does not take", id="canary-of-a-kind-not-taken"),
+    pytest.param(ALPHA + "    canaries: [{kind: domain, value: 'not a domain'}]\n", "key 'canaries.0'",
+                 id="canary-that-is-no-lead"),
 ]
 
 

@@ -69,6 +69,13 @@ def test_inbox_rows_become_partitions_and_one_run_per_wanted_source(world) -> No
     assert read_cursor(result.cursor)[0] == store.inbox_after(0, limit=10)[-1].id
 
 
+def test_an_interactive_run_names_its_lead_by_kind_and_value_in_a_tag(world) -> None:
+    _, store, sensor, instance = world
+    _accept(store, ["Example.COM."], webhook="w1", sources=("robust",))
+    (request,) = _evaluate(sensor, instance).run_requests
+    assert request.tags["investigations/lead"] == "domain:example.com"
+
+
 def test_an_empty_inbox_and_backlog_skips_with_a_reason(world) -> None:
     _, _, sensor, instance = world
     result = _evaluate(sensor, instance, cursor="0")
