@@ -9,8 +9,9 @@ STAMP := $(VENV)/.installed
 run: $(STAMP)
 	$(BIN)/investigations up
 
+# Live tests (`pytest -m live`) reach the internet: never part of the suite.
 test: $(STAMP)
-	$(BIN)/pytest -m "not soak" -q
+	$(BIN)/pytest -m "not soak and not live" -q
 
 # Only the tests that need PostgreSQL (they also run in `make test`).
 test-postgres: $(STAMP)

@@ -23,8 +23,8 @@ from typing import NoReturn
 
 import httpx
 
-from investigations.adapters import ParseError, ParsedRecord, build_adapter
-from investigations.fetcher import Fetcher, FetchFailed, FetchParked, IdentityBlocked
+from investigations.adapters import ParseError, ParsedRecord, TtlCache, build_adapter
+from investigations.fetcher import Fetcher, FetchFailed, FetchParked, IdentityBlocked, redact_url
 from investigations.identities import Lease
 from investigations.pacing import Circuits
 from investigations.records import RecordStore
@@ -45,6 +45,9 @@ NO_IDENTITY_RETRY_S = 15.0
 # more threads than the pool has identities would send it back to the queue for nothing.
 LEASE_WAIT_S = 30.0
 LEASE_POLL_S = 0.1
+# An adapter plans further requests from answers (a bootstrap file, the next record type); a
+# source whose answers keep asking for more is broken, not busy.
+MAX_REQUESTS_PER_COLLECTION = 20
 # A lease outlives the longest a collection can spend on one request by this much (see lease_ttl_s).
 LEASE_MARGIN_S = 60.0
 
@@ -149,6 +152,7 @@ class Collector:
         lease_wait_s: float = LEASE_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        cache: TtlCache | None = None,
     ) -> None:
         if max_identities < 1:
             raise ValueError(f"max_identities ({max_identities}) must be >= 1")
@@ -163,6 +167,7 @@ class Collector:
         self.lease_wait_s = lease_wait_s
         self.clock = clock
         self.sleep = sleep
+        self.cache = cache  # what adapters learn from bootstrap files (None: the process's own)
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None,
                 background: bool = False) -> CollectionResult:
@@ -182,7 +187,7 @@ class Collector:
             decision = self.circuits.allow(source, spec.circuit)
             if not decision.allowed:
                 self._park(source, lead_id, retry_in_s=decision.retry_in_s, reason=decision.reason)
-        adapter = build_adapter(spec)
+        adapter = build_adapter(spec, cache=self.cache)
         found: list[ParsedRecord] = []
         requests = 0
         identities = _Identities(self.fetcher, spec, holder=run_id or f"collect-{uuid.uuid4().hex}")
@@ -193,11 +198,19 @@ class Collector:
                            reason=f"all identities for {source} leased by other collections for "
                                   f"{self.lease_wait_s:.0f} s" if busy else
                            f"no identity available for {source} (all resting, retired or rate-limited)")
-            for planned in adapter.requests_for(lead):
+            try:
+                pending = adapter.requests_for(lead)
+            except ParseError as exc:  # the source cannot be asked about this lead (no RDAP server for its TLD)
+                self._fail(source, lead_id, run_id, reason_group="permanent", last_status=None, attempts=0,
+                           last_error=str(exc))
+            planned_count = len(pending)
+            while pending:
+                planned = pending.pop(0)
                 while True:
                     try:
                         response = self.fetcher.fetch(spec, planned, lead_id=lead_id, run_id=run_id,
-                                                      lease=identities.current(), background=background)
+                                                      lease=identities.current(), background=background,
+                                                      judge=adapter)
                         break
                     except IdentityBlocked as blocked:
                         requests += blocked.requests
@@ -222,7 +235,16 @@ class Collector:
                                    last_error=failed.last_error)
                 requests += response.attempts
                 try:
-                    found.extend(adapter.parse(response.body, url=response.url))
+                    if response.empty and not planned.collects:
+                        raise ParseError(f"HTTP {response.status} from {redact_url(response.url)}, which should "
+                                         "name what to ask next")
+                    if planned.collects and not response.empty:
+                        found.extend(adapter.parse(response.body, url=response.url))
+                    more = [] if response.empty else adapter.follow(lead, planned, response.body)
+                    planned_count += len(more)
+                    if planned_count > MAX_REQUESTS_PER_COLLECTION:
+                        raise ParseError(f"answers asked for more than {MAX_REQUESTS_PER_COLLECTION} requests")
+                    pending.extend(more)
                 except ParseError as exc:
                     self._fail(source, lead_id, run_id, reason_group="permanent", last_status=response.status,
                                attempts=requests, last_error=f"unparseable answer: {exc}")

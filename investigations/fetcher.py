@@ -30,7 +30,14 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import httpx
 
-from investigations.classify import backoff_delay_s, classify, next_step, parse_retry_after_s
+from investigations.classify import (
+    Answer,
+    AnswerJudge,
+    backoff_delay_s,
+    classify,
+    next_step,
+    parse_retry_after_s,
+)
 from investigations.events import FetchEvent, Outcome
 from investigations.identities import CookieStore, IdentityPool, IdentityVerdict, Lease, classify_for_identity
 from investigations.netguard import Resolver, TargetAllowance, TargetRefused, resolve_checked, system_resolve, url_reason
@@ -73,6 +80,8 @@ class FetchResult:
     attempts: int
     latency_ms: float
     headers: dict[str, str] = field(default_factory=dict)
+    # The source's own "nothing here" (see classify.Verdict): an answer with no records to parse.
+    empty: bool = False
 
 
 class FetchFailed(Exception):
@@ -132,6 +141,9 @@ class _Attempt:
     refused: bool = False
     timed_out: bool = False
     proxy_failed: bool = False  # the identity's own proxy could not be reached
+    empty: bool = False  # the source's "nothing here"
+    slow_down: bool = False  # the source asked us to wait (a 429, or its own way of saying so)
+    wait_s: float | None = None  # how long the source's own headers say to wait, besides Retry-After
 
 
 def _redact_text(text: str) -> str:
@@ -281,10 +293,13 @@ class Fetcher:
         run_id: str | None = None,
         lease: Lease | None = None,
         background: bool = False,
+        judge: AnswerJudge | None = None,
     ) -> FetchResult:
         """Send `request` for `lead_id` under `spec`'s timeout and retry policy, as the lease's
         identity (or the direct one without a lease); `background` work (recurring crawls,
-        backfills) leaves the lanes' later slots to fresh leads (see `_wait_for_lanes`).
+        backfills) leaves the lanes' later slots to fresh leads (see `_wait_for_lanes`). `judge`
+        (the source's adapter) reads answers by the source's own rules where its statuses and
+        headers say more than HTTP's general ones (classify.Verdict).
 
         Returns the first OK answer; raises FetchFailed when the policy gives up or the target is
         refused, FetchParked when the source keeps throttling, IdentityBlocked when the identity
@@ -301,7 +316,7 @@ class Fetcher:
         while True:
             self._wait_for_lanes(spec, lanes, park_at, background=background)
             sent += 1
-            result = self._attempt(spec, request, client, proxied=proxied)
+            result = self._attempt(spec, request, client, proxied=proxied, judge=judge)
             self._sink.record_fetch(
                 FetchEvent(
                     source=spec.name,
@@ -322,12 +337,14 @@ class Fetcher:
             if result.refused:
                 raise FetchFailed("refused", result.status, sent, result.error or "refused")
             retry_after_s = parse_retry_after_s(result.headers.get("retry-after"), now=self._now())
+            if result.wait_s is not None:
+                retry_after_s = max(retry_after_s or 0.0, result.wait_s)
             if self._lanes is not None:
                 self._lanes.feedback(lanes, outcome=result.outcome, timed_out=result.timed_out,
                                      retry_after_s=retry_after_s, throttle=spec.throttle)
             if lease is not None:
                 self._report(spec, lease, result, sent)
-            if result.status == 429:
+            if result.slow_down:
                 # Being told to slow down is not the collection failing: wait (Retry-After is a floor,
                 # the lane already slowed) without spending an attempt, until it lasts too long.
                 throttled += 1
@@ -335,7 +352,7 @@ class Fetcher:
                 delay_s = max(retry_after_s or 0.0, backoff_delay_s(
                     throttled, base_delay_s=spec.retry.base_delay_s, max_delay_s=spec.retry.max_delay_s, rng=self._rng))
                 if self._clock() + delay_s >= park_at:
-                    raise FetchParked(max(delay_s, spec.throttle.park_after_s / 4), 429, sent,
+                    raise FetchParked(max(delay_s, spec.throttle.park_after_s / 4), result.status, sent,
                                       f"throttled {throttled} time(s) in {spec.throttle.park_after_s:.0f} s")
                 self._sleep(delay_s)
                 continue
@@ -344,7 +361,8 @@ class Fetcher:
             step = next_step(result.outcome, attempt=attempt, retry=spec.retry, retry_after_s=retry_after_s, rng=self._rng)
             if step.action == "done":
                 assert result.status is not None  # OK always comes with a status
-                return FetchResult(result.status, result.body, result.url, sent, result.latency_ms, result.headers)
+                return FetchResult(result.status, result.body, result.url, sent, result.latency_ms, result.headers,
+                                   empty=result.empty)
             if step.action == "give_up":
                 error = result.error or f"HTTP {result.status}"
                 raise FetchFailed(result.outcome.value, result.status, sent, f"{error} ({step.reason})")
@@ -356,7 +374,10 @@ class Fetcher:
         if self.pool is None:
             return
         verdict = _identity_verdict(spec, result)
-        if not self.pool.report(lease, verdict, status=result.status):
+        # A source's own rate limit (a GitHub 403 with no allowance left) weighs on the identity as
+        # a 429 does, not as the hard block its status alone would be.
+        status = 429 if result.slow_down else result.status
+        if not self.pool.report(lease, verdict, status=status):
             raise IdentityBlocked(lease.identity_id, result.status, sent, "the lease expired or was taken over")
         if verdict != "identity_fault":
             return
@@ -426,7 +447,8 @@ class Fetcher:
             return self._background_gates.setdefault(source_lane_name, threading.Lock())
 
     def _attempt(
-        self, spec: SourceSpec, request: PlannedRequest, client: httpx.Client, *, proxied: bool
+        self, spec: SourceSpec, request: PlannedRequest, client: httpx.Client, *, proxied: bool,
+        judge: AnswerJudge | None = None,
     ) -> _Attempt:
         """One attempt: the request and its redirects, each hop guarded. Never raises for HTTP trouble."""
         allowance = spec.request.allowance
@@ -477,10 +499,19 @@ class Fetcher:
                     method = "GET"  # what browsers do, and what servers sending these expect
                 continue
             outcome = Outcome.PERMANENT if error else classify(status)
+            verdict = None
+            if judge is not None and not error:
+                verdict = judge.judge(Answer(status, response_headers, body), now=self._now())
+            if verdict is not None:
+                outcome, error = verdict.outcome, verdict.reason
             if outcome is Outcome.OK and _is_block_page(spec, status, body):
                 # A block or challenge page served as an answer: parsing it would store nothing, silently.
-                outcome, error = Outcome.BLOCKED, f"HTTP {status} with a block page"
-            return _Attempt(url, status, outcome, body, response_headers, elapsed_ms(), error or _status_error(status, outcome))
+                outcome, error, verdict = Outcome.BLOCKED, f"HTTP {status} with a block page", None
+            return _Attempt(url, status, outcome, body, response_headers, elapsed_ms(),
+                            error or _status_error(status, outcome),
+                            empty=verdict is not None and verdict.empty,
+                            slow_down=verdict.slow_down if verdict is not None else status == 429,
+                            wait_s=verdict.retry_after_s if verdict is not None else None)
         raise AssertionError("unreachable: the loop returns on its last hop")
 
     def _refusal(self, url: str, allowance: TargetAllowance, *, proxied: bool) -> str | None:
@@ -522,6 +553,10 @@ def _identity_verdict(spec: SourceSpec, result: _Attempt) -> IdentityVerdict:
     """Whom an attempt blames: a dead proxy is the identity's fault; otherwise the pure rule decides."""
     if result.proxy_failed:
         return "identity_fault"
+    if result.slow_down:
+        return classify_for_identity(429)
+    if result.outcome is Outcome.TRANSIENT and result.status is not None and 200 <= result.status < 300:
+        return "source_fault"  # a source failing inside a 200 (a DNS SERVFAIL) is not the identity's doing
     return classify_for_identity(result.status, result.body, spec.block_markers)
 
 

@@ -109,6 +109,9 @@ class RequestSpec(_Model):
     url: str
     method: Literal["GET", "POST"] = "GET"
     headers: dict[str, str] = Field(default_factory=dict)
+    # Sent as `Authorization: Bearer <token>` when not empty, so `"${GITHUB_TOKEN:-}"` makes a key
+    # optional: without it the source is asked anonymously (at its anonymous rate).
+    bearer_token: str = ""
     private_networks: tuple[str, ...] = ()
 
     @field_validator("private_networks")
@@ -141,6 +144,57 @@ class RequestSpec(_Model):
         return url
 
 
+class RateLimitHeadersSpec(_Model):
+    """A source's own rate-limit headers (GitHub's `x-ratelimit-*`, Mastodon's `X-RateLimit-*`).
+
+    An answer with a status in `statuses` is the source's rate limit, not a refusal, when its
+    remaining allowance is 0 or it names a Retry-After; the wait is the Retry-After, else the time
+    until `reset`, else `default_wait_s`. A success that spends the last of the allowance makes the
+    lane wait for `reset` too, so the next request does not go out only to be refused.
+    """
+
+    remaining: str = "x-ratelimit-remaining"
+    reset: str = "x-ratelimit-reset"
+    # epoch_s: Unix seconds (GitHub); iso: an ISO 8601 timestamp (Mastodon); delta_s: seconds from now
+    reset_format: Literal["epoch_s", "iso", "delta_s"] = "epoch_s"
+    statuses: tuple[int, ...] = (429,)
+    default_wait_s: Positive = 60.0
+
+
+class AnswersSpec(_Model):
+    """What a source's statuses mean beyond HTTP's general rules (see `investigations.classify`)."""
+
+    # The source's "nothing here" (a 404 for an unknown user, Common Crawl's 404 for no captures):
+    # an empty result, never a failure.
+    empty_statuses: tuple[int, ...] = ()
+    # The source's "slow down": wait (its Retry-After is a floor) without spending a retry attempt.
+    slow_down_statuses: tuple[int, ...] = (429,)
+    # The least wait after a "slow down" that names none: a source that keeps refusing a client
+    # that comes back at once (the Wayback Machine) needs more than the retry backoff.
+    slow_down_wait_s: Positive | None = None
+    rate_limit: RateLimitHeadersSpec | None = None
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> AnswersSpec:
+        both = sorted(set(self.empty_statuses) & set(self.slow_down_statuses))
+        if both:
+            raise ValueError(f"statuses {both} are both empty_statuses and slow_down_statuses")
+        bad = [s for s in (*self.empty_statuses, *self.slow_down_statuses) if not 100 <= s <= 599]
+        if bad:
+            raise ValueError(f"statuses {bad} are not HTTP statuses")
+        return self
+
+
+class PagesSpec(_Model):
+    """A paged answer: the next page is asked with `param` while the answer's `count_path` (its
+    number of pages) says there is one, up to `max_pages` pages per lead."""
+
+    param: str = Field(min_length=1)
+    count_path: str = Field(min_length=1)
+    first: int = Field(default=0, ge=0)
+    max_pages: int = Field(default=1, ge=1, le=20)
+
+
 class JsonApiParse(_Model):
     """Records from a JSON response: a dotted path to the list, and fields picked from each item."""
 
@@ -148,6 +202,60 @@ class JsonApiParse(_Model):
     record_key: str | None = None
     # output field -> dotted path inside one item; empty means keep the whole item
     fields: dict[str, str] = Field(default_factory=dict)
+    # The answer is one record (a profile, an account), not a list of them.
+    one_record: bool = False
+    pages: PagesSpec | None = None
+
+
+class CdxParse(_Model):
+    """Captures from a CDX server (Wayback Machine, Common Crawl index), one record per capture.
+
+    `match_type` picks the CDX `matchType` per lead kind (a domain and its subdomains, one exact
+    url). With `index_catalog`, `request.url` is the server's collection list (Common Crawl's
+    `collinfo.json`, newest first, cached `catalog_ttl_s`) and `query` is asked of its newest index.
+    """
+
+    format: Literal["json_rows", "ndjson"] = "json_rows"
+    match_type: dict[str, str] = Field(default_factory=lambda: {"domain": "domain", "url": "exact"})
+    # output field -> CDX field; empty keeps every field the server sent
+    fields: dict[str, str] = Field(default_factory=dict)
+    index_catalog: bool = False
+    catalog_ttl_s: Positive = 86400.0
+    query: str = ""
+    # json_rows with `showResumeKey=true` in the query: further pages asked with the resume key
+    # the server puts after the last capture, up to this many pages per lead.
+    max_pages: int = Field(default=1, ge=1, le=20)
+
+    @field_validator("query")
+    @classmethod
+    def _query_template(cls, query: str) -> str:
+        unknown = set(re.findall(r"\{([^}]*)\}", query)) - _URL_FIELDS
+        if unknown:
+            raise ValueError(f"query uses unknown placeholders {sorted(unknown)}; known: {sorted(_URL_FIELDS)}")
+        return query
+
+
+class RdapParse(_Model):
+    """RDAP (RFC 9083) domain objects; `request.url` is IANA's bootstrap file (RFC 9224), which
+    names each top-level domain's RDAP server and is cached `bootstrap_ttl_s`."""
+
+    bootstrap_ttl_s: Positive = 86400.0
+
+
+class DohParse(_Model):
+    """DNS over HTTPS, JSON flavour: one question per record type, asked in order."""
+
+    types: tuple[str, ...] = Field(default=("A", "AAAA", "MX", "NS", "TXT"), min_length=1)
+
+    @field_validator("types")
+    @classmethod
+    def _types(cls, types: tuple[str, ...]) -> tuple[str, ...]:
+        from investigations.adapters.doh import RR_TYPES  # the adapter owns the type table
+
+        unknown = [t for t in types if t.upper() not in RR_TYPES]
+        if unknown:
+            raise ValueError(f"unknown record types {unknown} (known: {', '.join(RR_TYPES)})")
+        return tuple(t.upper() for t in types)
 
 
 class HtmlParse(_Model):
@@ -158,7 +266,9 @@ class HtmlParse(_Model):
     fields: dict[str, str] = Field(min_length=1)
 
 
-PARSE_MODELS: dict[str, type[_Model]] = {"json_api": JsonApiParse, "html": HtmlParse}
+PARSE_MODELS: dict[str, type[_Model]] = {
+    "json_api": JsonApiParse, "html": HtmlParse, "cdx": CdxParse, "rdap": RdapParse, "doh": DohParse,
+}
 
 
 class CanarySpec(_Model):
@@ -188,7 +298,8 @@ class SourceSpec(_Model):
     adapter: str
     lead_kinds: tuple[str, ...] = Field(min_length=1)
     request: RequestSpec
-    parse: JsonApiParse | HtmlParse
+    parse: JsonApiParse | HtmlParse | CdxParse | RdapParse | DohParse
+    answers: AnswersSpec = AnswersSpec()
     rate: RateSpec = RateSpec()
     concurrency: int = Field(default=1, ge=1, le=64)
     # Pool slots beyond `concurrency` that background runs never take: fresh leads arriving together

@@ -9,6 +9,7 @@ import threading
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
+from investigations.adapters import TtlCache
 from investigations.catalog import load_catalog
 from investigations.collect import CollectionResult, Collector
 from investigations.config import Settings
@@ -86,8 +87,10 @@ class FleetResource(ConfigurableResource):
                 self._pool = pool
                 self._fetcher = Fetcher(sink=store, lanes=lanes, pool=pool, cookies=cookies)
             fetcher = self._fetcher
+        # Bootstrap files (RDAP's, Common Crawl's collection list) are kept in the data dir, so
+        # one-lead runs do not each ask for them again.
         return Collector(catalog=self.catalog, store=store, records=self.records, fetcher=fetcher,
-                         circuits=Circuits(store))
+                         circuits=Circuits(store), cache=TtlCache(self.settings().data_dir / "cache"))
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None,
                 background: bool = False) -> CollectionResult:

@@ -1,7 +1,9 @@
 """What every adapter shares: the planned request, the parsed record and how a record is keyed.
 
 An adapter turns a lead into requests and a response body into records. It never does I/O: the
-fetcher sends, the adapter only plans and parses, so parsing is tested on recorded bodies.
+fetcher sends, the adapter only plans and parses, so parsing is tested on recorded bodies. An
+adapter may also read a source's answers by the source's own rules (`judge`), and plan further
+requests from an answer (`follow`: a bootstrap file naming the server to ask).
 """
 
 from __future__ import annotations
@@ -9,9 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
-from urllib.parse import quote, urljoin
+from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
 
+from investigations.adapters.cache import BOOTSTRAPS, TtlCache
+from investigations.classify import Answer, Verdict, judge_answer
 from investigations.fetcher import redact_url
 from investigations.leads import Lead
 from investigations.specs import SourceSpec
@@ -31,6 +36,11 @@ class PlannedRequest:
     method: str
     url: str
     headers: dict[str, str] = field(default_factory=dict)
+    # False: the answer holds no records but what to ask next (a bootstrap file, an index list);
+    # the adapter's `follow` reads it.
+    collects: bool = True
+    # Which page of a paged answer this asks for, counted from 0 (`follow` plans the next).
+    page: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,25 +61,67 @@ class Adapter(Protocol):
 
     def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]: ...
 
+    def judge(self, answer: Answer, *, now: datetime) -> Verdict | None: ...
+
+    def follow(self, lead: Lead, request: PlannedRequest, body: bytes) -> list[PlannedRequest]: ...
+
 
 class TemplateAdapter:
-    """Base of the generic adapters: one request per lead, built from the spec's url template."""
+    """Base of the generic adapters: one request per lead, built from the spec's url template.
 
-    def __init__(self, spec: SourceSpec) -> None:
+    `cache` keeps what an adapter learns from bootstrap answers (see `adapters.cache`).
+    """
+
+    def __init__(self, spec: SourceSpec, *, cache: TtlCache | None = None) -> None:
         self.spec = spec
+        self.cache = cache if cache is not None else BOOTSTRAPS
 
     def requests_for(self, lead: Lead) -> list[PlannedRequest]:
         """The request for `lead`, or none when the source does not take leads of its kind."""
         if not self.spec.accepts(lead.kind):
             return []
-        # The value is quoted with safe="" so a lead can never add a path segment or a parameter.
-        url = self.spec.request.url.format_map(
-            {"kind": lead.kind, "value": quote(lead.value, safe=""), "lead_id": lead.id}
-        )
-        return [PlannedRequest(self.spec.request.method, url, dict(self.spec.request.headers))]
+        url = fill_template(self.spec.request.url, lead)
+        return [PlannedRequest(self.spec.request.method, url, self.headers())]
+
+    def headers(self) -> dict[str, str]:
+        """The source's request headers, with its bearer token when it has one."""
+        headers = dict(self.spec.request.headers)
+        if self.spec.request.bearer_token:
+            headers["Authorization"] = f"Bearer {self.spec.request.bearer_token}"
+        return headers
+
+    def headers_for(self, url: str) -> dict[str, str]:
+        """The headers for a planned url: all of them at the source's own origin; elsewhere (a server
+        a bootstrap file names) only `Accept`, since the others may carry a key meant for the source."""
+        if _origin(url) == _origin(self.spec.request.url):
+            return self.headers()
+        return {k: v for k, v in self.spec.request.headers.items() if k.lower() == "accept"}
 
     def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def judge(self, answer: Answer, *, now: datetime) -> Verdict | None:
+        """The source's declared rules (`answers:`) on an answer; None leaves the general ones."""
+        return judge_answer(self.spec.answers, answer, now=now)
+
+    def follow(self, lead: Lead, request: PlannedRequest, body: bytes) -> list[PlannedRequest]:
+        """Requests an answer calls for; a one-request source has none."""
+        return []
+
+
+def with_param(url: str, name: str, value: str) -> str:
+    """`url` with the query parameter `name` set to `value` (replaced if there, else appended)."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != name]
+    return urlunsplit(parts._replace(query=urlencode([*query, (name, value)], quote_via=quote)))
+
+
+def fill_template(template: str, lead: Lead) -> str:
+    """A url (or query) template with the lead filled in.
+
+    The value is quoted with safe="" so a lead can never add a path segment or a parameter.
+    """
+    return template.format_map({"kind": lead.kind, "value": quote(lead.value, safe=""), "lead_id": lead.id})
 
 
 def make_record(fields: dict[str, Any], *, page_url: str, raw_key: Any) -> ParsedRecord:
@@ -84,6 +136,11 @@ def make_record(fields: dict[str, Any], *, page_url: str, raw_key: Any) -> Parse
         key = raw_key if isinstance(raw_key, str) else canonical_json(raw_key)
     link = next((fields[name] for name in URL_FIELDS if isinstance(fields.get(name), str) and fields[name]), None)
     return ParsedRecord(key=key, url=urljoin(page_url, link) if link else page_url, fields=fields)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
 
 
 def canonical_json(value: Any) -> str:

@@ -6,7 +6,17 @@ import json
 from typing import Any
 from urllib.parse import urljoin
 
-from investigations.adapters.base import URL_FIELDS, ParsedRecord, ParseError, TemplateAdapter, make_record, page_base
+from investigations.adapters.base import (
+    URL_FIELDS,
+    ParsedRecord,
+    ParseError,
+    PlannedRequest,
+    TemplateAdapter,
+    make_record,
+    page_base,
+    with_param,
+)
+from investigations.leads import Lead
 from investigations.specs import JsonApiParse
 
 _MISSING = object()
@@ -24,10 +34,13 @@ class JsonApiAdapter(TemplateAdapter):
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
             raise ParseError(f"source {self.spec.name!r}: body is not valid JSON ({exc})") from None
         items = dig(document, config.records_path) if config.records_path else document
+        if config.one_record and isinstance(items, dict):
+            items = [items]
         if not isinstance(items, list):
             found = "nothing" if items is _MISSING else f"a {type(items).__name__}"
             where = f"records_path {config.records_path!r}" if config.records_path else "the top level"
-            raise ParseError(f"source {self.spec.name!r}: {where} holds {found}, not a list of records")
+            wanted = "an object (one_record)" if config.one_record else "a list of records"
+            raise ParseError(f"source {self.spec.name!r}: {where} holds {found}, not {wanted}")
         base = page_base(url)
         records = []
         for item in items:
@@ -41,6 +54,23 @@ class JsonApiAdapter(TemplateAdapter):
                     fields[name] = urljoin(base, fields[name])
             records.append(make_record(fields, page_url=base, raw_key=_key_of(item, fields, config.record_key)))
         return records
+
+
+    def follow(self, lead: Lead, request: PlannedRequest, body: bytes) -> list[PlannedRequest]:
+        """The next page of a paged answer (`parse.pages`), while the answer says there is one."""
+        config = self.spec.parse
+        assert isinstance(config, JsonApiParse), "a json_api source always has a JsonApiParse"
+        pages = config.pages
+        if pages is None or request.page + 1 >= pages.max_pages:
+            return []
+        try:
+            count = dig(json.loads(body), pages.count_path)
+        except ValueError:
+            return []  # parse has already said what is wrong with the body
+        if not isinstance(count, int) or isinstance(count, bool) or request.page + 1 >= count:
+            return []
+        url = with_param(request.url, pages.param, str(pages.first + request.page + 1))
+        return [PlannedRequest(request.method, url, dict(request.headers), page=request.page + 1)]
 
 
 def dig(value: Any, path: str) -> Any:
