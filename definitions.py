@@ -14,6 +14,7 @@ from assets.sources import build_source_asset
 from investigations.catalog import load_catalog
 from investigations.config import Settings
 from resources.fleet import FleetResource
+from resources.identities import IdentityPoolResource
 from resources.slack import SLACK_API_URL, FleetSlack
 from sensors.alerts import build_slack_alerts_sensor
 from sensors.dead_letters import dead_letter_report
@@ -31,7 +32,10 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     catalog = load_catalog(settings.sources_path)
     jobs = [build_source_job(spec) for spec in catalog.sources]
-    resources: dict[str, object] = {"fleet": FleetResource()}
+    # The proxy resource: identity leases from the shared pool. The fleet's collections go out
+    # through it, so the UI shows the source assets using it.
+    identities = IdentityPoolResource()
+    resources: dict[str, object] = {"fleet": FleetResource(identities=identities), "identities": identities}
     alerts = []
     if os.environ.get(SLACK_TOKEN_ENV):
         # The token stays an EnvVar: Dagster reads it when the sensor runs, and shows only its name.

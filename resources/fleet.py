@@ -14,11 +14,11 @@ from investigations.catalog import load_catalog
 from investigations.collect import CollectionResult, Collector
 from investigations.config import Settings
 from investigations.fetcher import Fetcher
-from investigations.identities import CookieStore, HealthPolicy, IdentityPool, load_identities
 from investigations.pacing import Circuits, GapSampler, RateLanes
 from investigations.records import RecordStore
 from investigations.specs import SourceCatalog
 from investigations.store import StateStore
+from resources.identities import IdentityPoolResource
 
 
 class FleetResource(ConfigurableResource):
@@ -35,10 +35,13 @@ class FleetResource(ConfigurableResource):
     data_dir: str | None = None
     sources_path: str | None = None
     identities_path: str | None = None
+    # The proxy resource the requests go out through (Definitions registers it as `identities`
+    # and hands it here); unset, the fleet opens one of its own on the same settings.
+    identities: IdentityPoolResource | None = None
 
     _store: StateStore | None = PrivateAttr(default=None)
     _fetcher: Fetcher | None = PrivateAttr(default=None)
-    _pool: IdentityPool | None = PrivateAttr(default=None)
+    _own_identities: IdentityPoolResource | None = PrivateAttr(default=None)
     # Batch runs collect several leads at once in threads: the first of them opens the engine.
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
@@ -75,22 +78,30 @@ class FleetResource(ConfigurableResource):
         store = self.store
         with self._lock:
             if self._fetcher is None:
-                identities_path = self.settings().identities_path
                 pool = cookies = None
-                if identities_path is not None:
-                    # Loaded per run: an edit of the file (or a rotated password in the environment)
+                proxies = self._proxy_resource()
+                if proxies.settings().identities_path is not None:
+                    # Opened per run: an edit of the file (or a rotated password in the environment)
                     # reaches the next run. A broken file fails here, naming the identity and key.
-                    pool = IdentityPool(store, load_identities(identities_path), policy=HealthPolicy(),
-                                        rng=random.Random())
-                    cookies = CookieStore(store)
+                    pool, cookies = proxies.pool, proxies.cookies
                 lanes = RateLanes(store, sampler=GapSampler(random.Random()))
-                self._pool = pool
                 self._fetcher = Fetcher(sink=store, lanes=lanes, pool=pool, cookies=cookies)
             fetcher = self._fetcher
         # Bootstrap files (RDAP's, Common Crawl's collection list) are kept in the data dir, so
         # one-lead runs do not each ask for them again.
         return Collector(catalog=self.catalog, store=store, records=self.records, fetcher=fetcher,
                          circuits=Circuits(store), cache=TtlCache(self.settings().data_dir / "cache"))
+
+    def _proxy_resource(self) -> IdentityPoolResource:
+        """The identity pool's resource: the one Definitions handed over, else one of our own."""
+        if self.identities is not None:
+            return self.identities
+        if self._own_identities is None:
+            settings = self.settings()
+            path = settings.identities_path
+            self._own_identities = IdentityPoolResource(identities_path=str(path) if path else None,
+                                                        database_url=settings.database_url)
+        return self._own_identities
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None,
                 background: bool = False) -> CollectionResult:
@@ -99,11 +110,13 @@ class FleetResource(ConfigurableResource):
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         with self._lock:
-            fetcher, pool, store = self._fetcher, self._pool, self._store
-            self._fetcher = self._pool = self._store = None
+            fetcher, own, store = self._fetcher, self._own_identities, self._store
+            self._fetcher = self._own_identities = self._store = None
         if fetcher is not None:
             fetcher.close()
-        if pool is not None:
-            pool.close()  # leases are released by each collection's `finally`; this is the pool's connections
+        if own is not None:
+            # Leases are released by each collection's `finally`; this closes the pool's
+            # connections. A pool handed over by Definitions is closed by its own teardown.
+            own.teardown_after_execution(context)
         if store is not None:
             store.close()

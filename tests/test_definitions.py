@@ -62,3 +62,9 @@ def test_fleet_health_is_refreshed_by_a_schedule_every_minute(sandbox_env) -> No
     assert schedule.cron_schedule == "* * * * *" and schedule.default_status == DefaultScheduleStatus.RUNNING
     job = defs.resolve_job_def(schedule.job_name)
     assert job.asset_layer.selected_asset_keys == {AssetKey(["fleet", "health"])}
+
+
+def test_the_proxy_resource_is_registered_and_is_the_one_the_fleet_collects_through(sandbox_env) -> None:
+    defs = build_definitions(Settings.from_env())
+    identities = defs.resources["identities"]
+    assert defs.resources["fleet"].identities is identities

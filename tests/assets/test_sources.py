@@ -267,3 +267,19 @@ def test_a_materialization_carries_its_cost_and_marks_work_done_past_the_budget(
     _materialize(spec, lead, instance)
     second = instance.get_latest_materialization_event(source_asset_key("robust")).asset_materialization.metadata
     assert second["over_budget"].value is True
+
+
+def test_collections_lease_their_identities_through_the_proxy_resource(world, tmp_path) -> None:
+    from resources.identities import IdentityPoolResource
+
+    settings, lead, instance, _ = world
+    path = tmp_path / "identities.yaml"
+    path.write_text("tiers: [datacenter]\nidentities:\n  - {id: dc1_a, range: dc1, tier: datacenter}\n")
+    # The fleet itself names no identities file: what it goes out as is the proxy resource's.
+    proxies = IdentityPoolResource(identities_path=str(path), database_url=settings.database_url)
+    result = materialize([build_source_asset(load_catalog(settings.sources_path).get("robust"))],
+                         partition_key=lead.id, instance=instance,
+                         resources={"fleet": FleetResource(identities=proxies), "identities": proxies})
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("sources__robust")
+    assert mat.metadata["identity_ids"].value == ["dc1_a"]
