@@ -321,12 +321,16 @@ def _records(args: argparse.Namespace) -> int:
         print("no records")
         return 0
     if args.captures:
-        table = _table("source", "lead", "record", "fetched", "capture", "warc file@offset", "payload sha256",
+        # The file names the lead; the digest is cut to its first 16 hex digits (whole in --json).
+        table = _table("source", "record", "fetched", "capture", "warc file@offset", "payload sha256",
                        "identity", "parser")
+        for name in ("capture", "warc file@offset"):  # copied whole to look a capture up: never folded
+            next(c for c in table.columns if c.header == name).no_wrap = True
         for row in rows:
             where = f"{row['warc_file']}@{row['warc_offset']}" if row["warc_file"] else "-"
-            table.add_row(row["source"], row["lead_id"], row["record_key"], f"{row['fetched_at']:%Y-%m-%d %H:%M}",
-                          row["capture_id"] or "-", where, row["payload_sha256"] or "-", row["identity_id"] or "-",
+            digest = row["payload_sha256"][:16] if row["payload_sha256"] else "-"
+            table.add_row(row["source"], row["record_key"], f"{row['fetched_at']:%Y-%m-%d %H:%M}",
+                          row["capture_id"] or "-", where, digest, row["identity_id"] or "-",
                           row["parser_version"] or "-")
         _console().print(table, markup=False, highlight=False)
         return 0

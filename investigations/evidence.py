@@ -203,7 +203,7 @@ class CaptureFile:
     def _writer(self, fetched_at: datetime) -> WARCWriter:
         if self._handle is None:
             relative = (Path(EVIDENCE_DIR) / self._source / fetched_at.strftime("%Y-%m-%d")
-                        / f"{self._lead_id}-{uuid.uuid4().hex}{WARC_SUFFIX}")
+                        / f"{self._lead_id}-{uuid.uuid4().hex[:16]}{WARC_SUFFIX}")
             folder = self._store.path(relative.as_posix()).parent
             folder.mkdir(parents=True, exist_ok=True)
             fd, tmp_name = tempfile.mkstemp(prefix=f".{relative.name}.", suffix=".tmp", dir=folder)
