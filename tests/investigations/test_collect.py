@@ -31,7 +31,7 @@ sources:
     lead_kinds: [domain]
     request:
       url: "{base}?kind={{kind}}&q={{value}}&api_key=${{LOOKUP_KEY}}"
-      headers: {{Authorization: "Bearer ${{LOOKUP_KEY}}"}}
+      headers: {{Authorization: "Bearer ${{LOOKUP_KEY}}", X-Client: "tenant-${{LOOKUP_KEY}}"}}
     parse: {{records_path: results, record_key: id}}
     retry: {{attempts: 2, base_delay_s: 0.01, max_delay_s: 0.02}}
     timeout_s: 2

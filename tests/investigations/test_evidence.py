@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -14,41 +14,10 @@ from warcio.archiveiterator import ArchiveIterator
 from investigations.collect import Collector
 from investigations.evidence import EvidenceStore, evidence_bytes_by_source, read_capture, sha256_digest_header
 from investigations.fetcher import Fetcher
-from investigations.leads import normalize_lead
 from investigations.records import RecordStore
 from investigations.specs import parse_sources
 from investigations.store import StateStore
-
-ROOT = Path(__file__).resolve().parents[2]
-T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
-EXAMPLE = normalize_lead("domain", "example.com")
-SECRET = "evidence-s3cr3t-key-value"
-
-# The sandbox's robust API, asked with a key in the query and in three headers.
-KEYED = """\
-sources:
-  - name: keyed
-    adapter: json_api
-    lead_kinds: [domain]
-    request:
-      url: "{base}/robust/api/lookup?kind={{kind}}&q={{value}}&api_key=${{KEYED_KEY}}"
-      headers:
-        Authorization: "Bearer ${{KEYED_KEY}}"
-        X-Api-Key: "${{KEYED_KEY}}"
-        X-Client: "tenant-${{KEYED_KEY}}"
-    parse: {{records_path: results, record_key: id}}
-    retry: {{attempts: 2, base_delay_s: 0.01, max_delay_s: 0.02}}
-    timeout_s: 2
-"""
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
+from tests.investigations.test_collect import EXAMPLE, LOOKUP, ROOT, SECRET, T0, Clock
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
@@ -57,9 +26,10 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def collector(sqlite_store: StateStore, data_dir: Path, sandbox) -> Iterator[Collector]:
-    # The repo's own sources (pointed at the sandbox) and the keyed one, in one catalog.
-    text = (ROOT / "sources.yaml").read_text() + KEYED.format(base=sandbox.url).removeprefix("sources:\n")
-    catalog = parse_sources(text, env={"INVESTIGATIONS_SANDBOX_URL": sandbox.url, "KEYED_KEY": SECRET})
+    # The repo's own sources (pointed at the sandbox) and `lookup`, a key in its query and headers.
+    lookup = LOOKUP.format(base=f"{sandbox.url}/robust/api/lookup").removeprefix("sources:\n")
+    catalog = parse_sources((ROOT / "sources.yaml").read_text() + lookup,
+                            env={"INVESTIGATIONS_SANDBOX_URL": sandbox.url, "LOOKUP_KEY": SECRET})
     fetcher = Fetcher(sink=sqlite_store, sleep=lambda s: None)
     sqlite_store.add_lead(EXAMPLE, case_id="case-1", now=T0)
     try:
@@ -117,21 +87,21 @@ def test_a_rerun_writes_a_new_capture_keeps_the_old_one_and_points_at_the_new(
 
 
 def test_no_secret_reaches_the_warc_file(collector: Collector, data_dir: Path) -> None:
-    collector.collect("keyed", EXAMPLE.id)
-    warc_file = rows(collector, "keyed")[0]["warc_file"]
+    collector.collect("lookup", EXAMPLE.id)
+    warc_file = rows(collector, "lookup")[0]["warc_file"]
     text = gzip.open(data_dir / warc_file).read().decode("utf-8", "replace")
     lowered = text.lower()  # httpx sends header names in lower case
     assert "get /robust/api/lookup?" in lowered and "api_key=***" in lowered
-    assert "authorization: ***" in lowered and "x-api-key: ***" in lowered and "x-client: tenant-***" in lowered
+    assert "authorization: ***" in lowered and "x-client: tenant-***" in lowered
     assert SECRET not in text
 
 
 def test_evidence_bytes_are_counted_per_source(collector: Collector, data_dir: Path) -> None:
     collector.collect("robust", EXAMPLE.id)
-    collector.collect("keyed", EXAMPLE.id)
+    collector.collect("lookup", EXAMPLE.id)
     sizes = evidence_bytes_by_source(data_dir)
     on_disk = sum(p.stat().st_size for p in (data_dir / "evidence" / "robust").rglob("*.warc.gz"))
-    assert set(sizes) == {"robust", "keyed"} and sizes["robust"] == on_disk > 0
+    assert set(sizes) == {"robust", "lookup"} and sizes["robust"] == on_disk > 0
 
 
 def test_no_temporary_file_is_left_after_a_collection(collector: Collector, data_dir: Path) -> None:
