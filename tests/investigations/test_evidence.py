@@ -15,9 +15,11 @@ from investigations.collect import Collector
 from investigations.evidence import EvidenceStore, evidence_bytes_by_source, read_capture, sha256_digest_header
 from investigations.fetcher import Fetcher
 from investigations.records import RecordStore
+from investigations.sandbox.proxy import start_proxies
 from investigations.specs import parse_sources
 from investigations.store import StateStore
 from tests.investigations.test_collect import EXAMPLE, LOOKUP, ROOT, SECRET, T0, Clock
+from tests.investigations.test_fetcher_identities import _lone_identity_world
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
@@ -107,3 +109,23 @@ def test_evidence_bytes_are_counted_per_source(collector: Collector, data_dir: P
 def test_no_temporary_file_is_left_after_a_collection(collector: Collector, data_dir: Path) -> None:
     collector.collect("robust", EXAMPLE.id)
     assert [p.name for p in (data_dir / "evidence").rglob("*") if p.name.startswith(".")] == []
+
+
+def test_a_proxied_identity_is_named_and_its_proxy_password_never_written(
+        sandbox, sqlite_store: StateStore, tmp_path: Path) -> None:
+    password = "proxy-pa55word-of-the-fleet"
+    with start_proxies(["127.0.0.6"], credentials=("fleet", password)) as guarded:
+        lone = _lone_identity_world(sandbox, sqlite_store, tmp_path, f"http://fleet:${{PW}}@{guarded[0].host}:"
+                                    f"{guarded[0].port}", env={"PW": password})
+        try:
+            lead_id = lone.lead("proxied.example")
+            lone.collector.collect("robust", lead_id)
+        finally:
+            lone.fetcher.close()
+            lone.pool.close()
+        assert guarded[0].stats.forwarded == 1
+    row = lone.records.read("robust", lead_id).to_pylist()[0]
+    assert row["identity_id"] == "px_lone"
+    text = gzip.open(tmp_path / row["warc_file"]).read().decode("utf-8", "replace")
+    assert "Investigations-Identity-ID: px_lone" in text
+    assert password not in text and "fleet:" not in text
