@@ -29,7 +29,7 @@ import os
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from http import HTTPStatus
@@ -195,9 +195,15 @@ class CaptureFile:
             finally:
                 handle.close()
             final = self._store.path(self.warc_file)
-            # Never over another file: the name is new (a uuid), and link() refuses an existing one.
-            os.link(self._tmp, final)
-            self._tmp.unlink()
+            # Never over another file: the name is new (random), and link() refuses an existing one.
+            try:
+                os.link(self._tmp, final)
+            except FileExistsError:
+                raise
+            except OSError:  # a filesystem without hard links: the random name alone keeps it new
+                os.replace(self._tmp, final)
+            else:
+                self._tmp.unlink()
             _fsync_dir(final.parent)
 
     def _writer(self, fetched_at: datetime) -> WARCWriter:
@@ -248,13 +254,6 @@ def read_capture(path: str | os.PathLike[str], offset: int) -> StoredCapture:
 def sha256_digest_header(hex_digest: str) -> str:
     """The WARC-Payload-Digest a payload with this sha256 carries (warcio's base32 form)."""
     return "sha256:" + base64.b32encode(bytes.fromhex(hex_digest)).decode("ascii")
-
-
-def iter_warc_files(data_dir: str | os.PathLike[str]) -> Iterator[Path]:
-    """Every evidence file under the data dir (temporary files of running collections excluded)."""
-    root = Path(data_dir) / EVIDENCE_DIR
-    if root.is_dir():
-        yield from sorted(p for p in root.rglob(f"*{WARC_SUFFIX}") if not p.name.startswith("."))
 
 
 def _reason(status: int) -> str:
