@@ -31,7 +31,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -151,7 +151,7 @@ class CaptureFile:
             assert self._handle is not None and self.warc_file is not None
             url = redact_url(response.url)
             digest = hashlib.sha256(response.body).hexdigest()
-            warc_date = fetched_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            warc_date = fetched_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             headers = [(n, MASK if n.lower() == "set-cookie" else redact(v)) for n, v in response.headers.items()
                        if n.lower() not in _DROPPED_RESPONSE_HEADERS]
             headers.append(("Content-Length", str(len(response.body))))
