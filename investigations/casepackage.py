@@ -7,8 +7,9 @@ of WACZ's: each file's path, size in bytes and `sha256:<hex>` hash.
 
 `verify_package` checks a package without trusting any of it but the manifest: every file is
 re-hashed against the manifest (and no file is left out of it), and every record's payload is read
-back from its WARC record at its offset and re-hashed against the record's `payload_sha256` (and the
-record's WARC-Payload-Digest). It returns every problem found, each naming the file or record.
+back from its WARC record at its offset (which must be the record's capture, for the record's URL)
+and re-hashed against the record's `payload_sha256` (and the record's WARC-Payload-Digest). It
+returns every problem found, each naming the file or record.
 """
 
 from __future__ import annotations
@@ -166,6 +167,9 @@ def _verify_records(out: Path, relative: str, resources: dict[str, Any], result:
         if stored.record_id != row.get("capture_id"):
             result.problems.append(f"{name}: {warc_file}@{offset} is WARC record {stored.record_id}, "
                                    f"not its capture {row.get('capture_id')}")
+        if row.get("capture_url") and stored.target_uri != row["capture_url"]:
+            result.problems.append(f"{name}: {warc_file}@{offset} answered {stored.target_uri}, "
+                                   f"not the record's {row['capture_url']}")
         actual = hashlib.sha256(stored.payload).hexdigest()
         if actual != expected:
             result.problems.append(f"{name}: payload sha256 {actual} in {warc_file}@{offset} "

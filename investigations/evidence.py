@@ -230,6 +230,7 @@ class StoredCapture:
     """A response record as read back from its WARC file."""
 
     record_id: str
+    target_uri: str | None
     payload: bytes
     payload_digest: str | None  # the WARC-Payload-Digest header, as written ("sha256:<base32>")
 
@@ -243,6 +244,7 @@ def read_capture(path: str | os.PathLike[str], offset: int) -> StoredCapture:
             for record in ArchiveIterator(handle):
                 return StoredCapture(
                     record_id=record.rec_headers.get_header("WARC-Record-ID"),
+                    target_uri=record.rec_headers.get_header("WARC-Target-URI"),
                     payload=record.raw_stream.read(),
                     payload_digest=record.rec_headers.get_header("WARC-Payload-Digest"),
                 )
