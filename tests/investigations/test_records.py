@@ -217,3 +217,16 @@ def test_the_same_records_from_a_new_capture_are_unchanged_and_point_at_it(tmp_p
 def test_records_and_captures_must_pair_up(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="3 record"):
         RecordStore(tmp_path).write("robust", LEAD, RECORDS, fetched_at=T0, captures=[capture(1, T0)])
+
+
+def test_query_records_reads_files_from_before_records_carried_a_capture(tmp_path: Path) -> None:
+    from investigations.records import query_records
+
+    store = RecordStore(tmp_path)
+    store.write("robust", LEAD, RECORDS[:1], fetched_at=T0, captures=[capture(1, T1)])
+    old = pa.table({"source": ["flaky"], "lead_id": [LEAD], "record_key": ["old"], "url": [None],
+                    "fetched_at": pa.array([T0], pa.timestamp("us", tz="UTC")), "fields": ["{}"]})
+    (tmp_path / "flaky").mkdir()
+    pq.write_table(old, tmp_path / "flaky" / f"{LEAD}.parquet")
+    rows = {row["record_key"]: row for row in query_records(tmp_path)}
+    assert rows["r2"]["capture_id"] == "<urn:uuid:1>" and rows["old"]["capture_id"] is None
