@@ -8,6 +8,9 @@ gives it back in `finally`, whatever happens. No identity free now means the col
 (back in the queue shortly, like an open circuit), not failed. An identity blocked mid-collection is
 released and another leased, up to MAX_IDENTITIES_PER_COLLECTION, so one bad identity does not fail
 the lead. Without a pool (no identities file) every request goes out as the one `direct` identity.
+
+Every answer a collection uses is kept as evidence (a WARC capture, see evidence.py), and each
+record stored points at the capture it was parsed from.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import NoReturn
 import httpx
 
 from investigations.adapters import ParseError, ParsedRecord, TtlCache, build_adapter
+from investigations.evidence import Capture, EvidenceStore
 from investigations.fetcher import Fetcher, FetchFailed, FetchParked, IdentityBlocked, redact_url
 from investigations.identities import Lease
 from investigations.pacing import Circuits
@@ -153,6 +157,7 @@ class Collector:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         cache: TtlCache | None = None,
+        evidence: EvidenceStore | None = None,
     ) -> None:
         if max_identities < 1:
             raise ValueError(f"max_identities ({max_identities}) must be >= 1")
@@ -168,6 +173,8 @@ class Collector:
         self.clock = clock
         self.sleep = sleep
         self.cache = cache  # what adapters learn from bootstrap files (None: the process's own)
+        # Captures live in the data dir beside the records (`<data dir>/records` and `/evidence`).
+        self.evidence = evidence if evidence is not None else EvidenceStore(records.root.parent)
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None,
                 background: bool = False) -> CollectionResult:
@@ -189,6 +196,8 @@ class Collector:
                 self._park(source, lead_id, retry_in_s=decision.retry_in_s, reason=decision.reason)
         adapter = build_adapter(spec, cache=self.cache)
         found: list[ParsedRecord] = []
+        captures: list[Capture] = []  # captures[i]: the answer found[i] was parsed from
+        evidence = self.evidence.open(source, lead_id, now=self.now)
         requests = 0
         identities = _Identities(self.fetcher, spec, holder=run_id or f"collect-{uuid.uuid4().hex}")
         try:
@@ -234,12 +243,15 @@ class Collector:
                                    last_status=failed.last_status, attempts=requests + failed.attempts,
                                    last_error=failed.last_error)
                 requests += response.attempts
+                capture = evidence.capture(response)
                 try:
                     if response.empty and not planned.collects:
                         raise ParseError(f"HTTP {response.status} from {redact_url(response.url)}, which should "
                                          "name what to ask next")
                     if planned.collects and not response.empty:
-                        found.extend(adapter.parse(response.body, url=response.url))
+                        parsed = adapter.parse(response.body, url=response.url)
+                        found.extend(parsed)
+                        captures.extend([capture] * len(parsed))
                     more = [] if response.empty else adapter.follow(lead, planned, response.body)
                     planned_count += len(more)
                     if planned_count > MAX_REQUESTS_PER_COLLECTION:
@@ -249,8 +261,12 @@ class Collector:
                     self._fail(source, lead_id, run_id, reason_group="permanent", last_status=response.status,
                                attempts=requests, last_error=f"unparseable answer: {exc}")
         finally:
-            identities.close()
-        written = self.records.write(source, lead_id, found, fetched_at=self.now())
+            try:
+                identities.close()
+            finally:
+                evidence.close()
+        written = self.records.write(source, lead_id, found, fetched_at=self.now(), captures=captures,
+                                     parser_version=adapter.parser_version)
         outcome = "ok" if written.records else "empty"
         now = self.now()
         fields_in_all = common_fields(found)

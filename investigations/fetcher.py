@@ -82,6 +82,11 @@ class FetchResult:
     headers: dict[str, str] = field(default_factory=dict)
     # The source's own "nothing here" (see classify.Verdict): an answer with no records to parse.
     empty: bool = False
+    # What the answer is evidence of (evidence.py): the last hop's method and headers as sent
+    # (unredacted: redact before writing) and who sent it.
+    method: str = "GET"
+    request_headers: dict[str, str] = field(default_factory=dict)
+    identity_id: str = ""
 
 
 class FetchFailed(Exception):
@@ -144,6 +149,8 @@ class _Attempt:
     empty: bool = False  # the source's "nothing here"
     slow_down: bool = False  # the source asked us to wait (a 429, or its own way of saying so)
     wait_s: float | None = None  # how long the source's own headers say to wait, besides Retry-After
+    method: str = "GET"  # the last hop's, and the headers it was sent with
+    request_headers: dict[str, str] = field(default_factory=dict)
 
 
 def _redact_text(text: str) -> str:
@@ -362,7 +369,8 @@ class Fetcher:
             if step.action == "done":
                 assert result.status is not None  # OK always comes with a status
                 return FetchResult(result.status, result.body, result.url, sent, result.latency_ms, result.headers,
-                                   empty=result.empty)
+                                   empty=result.empty, method=result.method,
+                                   request_headers=result.request_headers, identity_id=identity_id)
             if step.action == "give_up":
                 error = result.error or f"HTTP {result.status}"
                 raise FetchFailed(result.outcome.value, result.status, sent, f"{error} ({step.reason})")
@@ -469,8 +477,8 @@ class Fetcher:
                 headers = {}
             try:
                 with allowance_scope(allowance):
-                    status, response_headers, body, error = self._send(client, method, url, headers,
-                                                                       timeout_s=spec.timeout_s)
+                    status, response_headers, body, error, sent_headers = self._send(
+                        client, method, url, headers, timeout_s=spec.timeout_s)
             except TargetRefused as exc:
                 # The name resolved to an address the guard refuses: nothing was sent. A refused
                 # target is permanent (a retry would resolve the same name again), never retried.
@@ -511,7 +519,8 @@ class Fetcher:
                             error or _status_error(status, outcome),
                             empty=verdict is not None and verdict.empty,
                             slow_down=verdict.slow_down if verdict is not None else status == 429,
-                            wait_s=verdict.retry_after_s if verdict is not None else None)
+                            wait_s=verdict.retry_after_s if verdict is not None else None,
+                            method=method, request_headers=sent_headers)
         raise AssertionError("unreachable: the loop returns on its last hop")
 
     def _refusal(self, url: str, allowance: TargetAllowance, *, proxied: bool) -> str | None:
@@ -535,18 +544,21 @@ class Fetcher:
 
     def _send(
         self, client: httpx.Client, method: str, url: str, headers: dict[str, str], *, timeout_s: float
-    ) -> tuple[int, dict[str, str], bytes, str | None]:
-        """Status, headers, body (at most max_body_bytes) and an error when the body was too large."""
+    ) -> tuple[int, dict[str, str], bytes, str | None, dict[str, str]]:
+        """Status, headers, body (at most max_body_bytes), an error when the body was too large, and
+        the headers the request went out with (the client's and the request's own)."""
         with client.stream(method, url, headers=headers, timeout=httpx.Timeout(timeout_s)) as response:
+            sent = dict(response.request.headers)
             chunks: list[bytes] = []
             size = 0
             for chunk in response.iter_bytes():
                 size += len(chunk)
                 if size > self._max_body_bytes:
                     # An endless or huge body must not exhaust memory; the answer is unusable anyway.
-                    return response.status_code, dict(response.headers), b"", f"body larger than {self._max_body_bytes} bytes"
+                    return (response.status_code, dict(response.headers), b"",
+                            f"body larger than {self._max_body_bytes} bytes", sent)
                 chunks.append(chunk)
-            return response.status_code, dict(response.headers), b"".join(chunks), None
+            return response.status_code, dict(response.headers), b"".join(chunks), None, sent
 
 
 def _identity_verdict(spec: SourceSpec, result: _Attempt) -> IdentityVerdict:

@@ -13,6 +13,7 @@ from investigations.adapters import TtlCache
 from investigations.catalog import load_catalog
 from investigations.collect import CollectionResult, Collector
 from investigations.config import Settings
+from investigations.evidence import EvidenceStore
 from investigations.fetcher import Fetcher
 from investigations.pacing import Circuits, GapSampler, RateLanes
 from investigations.records import RecordStore
@@ -90,7 +91,8 @@ class FleetResource(ConfigurableResource):
         # Bootstrap files (RDAP's, Common Crawl's collection list) are kept in the data dir, so
         # one-lead runs do not each ask for them again.
         return Collector(catalog=self.catalog, store=store, records=self.records, fetcher=fetcher,
-                         circuits=Circuits(store), cache=TtlCache(self.settings().data_dir / "cache"))
+                         circuits=Circuits(store), cache=TtlCache(self.settings().data_dir / "cache"),
+                         evidence=EvidenceStore(self.settings().data_dir))
 
     def _proxy_resource(self) -> IdentityPoolResource:
         """The identity pool's resource: the one Definitions handed over, else one of our own."""

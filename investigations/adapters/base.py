@@ -56,6 +56,8 @@ class Adapter(Protocol):
     """Plans the requests for a lead and parses a response body into records."""
 
     spec: SourceSpec
+    # Stored with every record (records.py), so a record can be traced to the parsing that made it.
+    parser_version: str
 
     def requests_for(self, lead: Lead) -> list[PlannedRequest]: ...
 
@@ -70,7 +72,11 @@ class TemplateAdapter:
     """Base of the generic adapters: one request per lead, built from the spec's url template.
 
     `cache` keeps what an adapter learns from bootstrap answers (see `adapters.cache`).
+    `parser_version` is raised by an adapter whenever a change makes it read the same answer into
+    different records, so stored records say which parsing made them.
     """
+
+    parser_version = "1"
 
     def __init__(self, spec: SourceSpec, *, cache: TtlCache | None = None) -> None:
         self.spec = spec

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from dagster import AssetCheckKey, AssetCheckSeverity, AssetSelection, DagsterInstance, Definitions, define_asset_job, materialize
 
@@ -19,6 +19,7 @@ from investigations.config import Settings
 from investigations.leads import normalize_lead
 from investigations.pacing import Circuits
 from investigations.priority import BACKGROUND_NICENESS, HANDOVER_TAG, PriorityClass, run_tags
+from investigations.records import RecordStore
 from investigations.specs import parse_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
@@ -66,15 +67,16 @@ def test_without_an_identities_file_the_materialization_names_the_direct_identit
     assert (mat.metadata["identity_ids"].value, mat.metadata["lease_ids"].value) == (["direct"], [])
 
 
-def test_rematerializing_leaves_the_parquet_file_byte_identical(world) -> None:
+def test_rematerializing_the_same_answer_is_unchanged_and_points_at_the_new_capture(world) -> None:
     settings, lead, instance, _ = world
     spec = load_catalog(settings.sources_path).get("robust")
     first = _materialize(spec, lead, instance).asset_materializations_for_node("sources__robust")[0]
     path = Path(first.metadata["path"].value)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest, captures = RecordStore.stored_hash(path), set(pq.read_table(path).column("capture_id").to_pylist())
     second = _materialize(spec, lead, instance).asset_materializations_for_node("sources__robust")[0]
     assert second.metadata["changed"].value is False
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert RecordStore.stored_hash(path) == digest
+    assert set(pq.read_table(path).column("capture_id").to_pylist()).isdisjoint(captures)
 
 
 def test_empty_check_fails_on_the_silently_empty_source(world) -> None:

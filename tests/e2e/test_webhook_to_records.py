@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-
+import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterRunStatus, RunsFilter
 
@@ -59,7 +58,7 @@ def test_forged_signature_stores_nothing(fleet) -> None:
     assert store.get_lead(normalize_lead("domain", "forged.example").id) is None
 
 
-def test_collecting_a_lead_again_leaves_its_file_unchanged(fleet) -> None:
+def test_collecting_a_lead_again_keeps_its_records_and_points_at_the_new_capture(fleet) -> None:
     from tests.e2e.conftest import SECRET, wait_for
 
     lead = normalize_lead("domain", "fabrikam.example")
@@ -70,7 +69,8 @@ def test_collecting_a_lead_again_leaves_its_file_unchanged(fleet) -> None:
     assert send_case(fleet.intake_url, SECRET, body, webhook_id="msg_rerun_1").status_code == 202
     wait_for(lambda: [r for r in _runs_for(instance, {lead.id}) if r.status in FINISHED],
              timeout_s=120, what="the first run of the lead")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = RecordStore.stored_hash(path)  # the records' content, without fetch time or capture
+    captures = set(pq.read_table(path).column("capture_id").to_pylist())
 
     # A second delivery (another webhook) re-runs the same partition through the whole path.
     assert send_case(fleet.intake_url, SECRET, {**body, "case_id": "case-rerun-2"},
@@ -80,4 +80,5 @@ def test_collecting_a_lead_again_leaves_its_file_unchanged(fleet) -> None:
         timeout_s=120, what="the second run of the lead",
     )
     assert {r.status for r in runs} == {DagsterRunStatus.SUCCESS}
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert RecordStore.stored_hash(path) == digest
+    assert set(pq.read_table(path).column("capture_id").to_pylist()).isdisjoint(captures)

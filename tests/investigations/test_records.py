@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from investigations.adapters import ParsedRecord
-from investigations.records import RECORD_SCHEMA, RecordStore
+from investigations.evidence import Capture
+from investigations.records import PROVENANCE_COLUMNS, RECORD_SCHEMA, RecordStore
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 T1 = T0 + timedelta(hours=6)
@@ -24,6 +25,15 @@ RECORDS = [
 ]
 
 
+# Records written without a capture (by hand) carry no provenance.
+NO_CAPTURE = dict.fromkeys(PROVENANCE_COLUMNS)
+
+
+def capture(n: int, at: datetime) -> Capture:
+    return Capture(capture_id=f"<urn:uuid:{n}>", warc_file=f"evidence/robust/x/{n}.warc.gz", offset=100 * n,
+                   payload_sha256=f"{n:064x}", fetched_at=at, url="https://dns.example/q", identity_id="direct")
+
+
 def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
 
@@ -34,11 +44,11 @@ def test_write_stores_one_row_per_record_with_every_column(tmp_path: Path) -> No
     rows = store.read("robust", LEAD).to_pylist()
     assert rows == [
         {"source": "robust", "lead_id": LEAD, "record_key": "r1", "url": None, "fetched_at": T0,
-         "fields": json.dumps(RECORDS[1].fields, sort_keys=True, separators=(",", ":"))},
+         "fields": json.dumps(RECORDS[1].fields, sort_keys=True, separators=(",", ":")), **NO_CAPTURE},
         {"source": "robust", "lead_id": LEAD, "record_key": "r2", "url": "https://crt.example/r2", "fetched_at": T0,
-         "fields": '{"type":"cert","value":"CN=example.com"}'},
+         "fields": '{"type":"cert","value":"CN=example.com"}', **NO_CAPTURE},
         {"source": "robust", "lead_id": LEAD, "record_key": "r3", "url": "https://dns.example/r3", "fetched_at": T0,
-         "fields": '{"type":"dns_mx","value":"10 mx1.example.com"}'},
+         "fields": '{"type":"dns_mx","value":"10 mx1.example.com"}', **NO_CAPTURE},
     ]
 
 
@@ -183,3 +193,40 @@ def test_query_records_reads_across_sources_and_filters(tmp_path) -> None:
     assert {r["source"] for r in query_records(tmp_path, lead_id="domain-1")} == {"robust", "flaky"}
     assert [r["record_key"] for r in query_records(tmp_path, source="flaky", contains="hello")] == ["b"]
     assert query_records(tmp_path, source="nothing-here") == []
+
+
+def test_records_carry_the_capture_they_were_parsed_from(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    store.write("robust", LEAD, RECORDS, fetched_at=T0, captures=[capture(1, T1)] * 3, parser_version="2")
+    row = store.read("robust", LEAD).to_pylist()[0]
+    assert {name: row[name] for name in PROVENANCE_COLUMNS} == {
+        "capture_id": "<urn:uuid:1>", "capture_url": "https://dns.example/q", "warc_file": "evidence/robust/x/1.warc.gz",
+        "warc_offset": 100, "payload_sha256": f"{1:064x}", "identity_id": "direct", "parser_version": "2"}
+    assert row["fetched_at"] == T1
+
+
+def test_the_same_records_from_a_new_capture_are_unchanged_and_point_at_it(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    first = store.write("robust", LEAD, RECORDS, fetched_at=T0, captures=[capture(1, T0)] * 3)
+    again = store.write("robust", LEAD, RECORDS, fetched_at=T1, captures=[capture(2, T1)] * 3)
+    assert (again.changed, again.content_hash) == (False, first.content_hash)
+    assert set(store.read("robust", LEAD).column("capture_id").to_pylist()) == {"<urn:uuid:2>"}
+    assert leftovers(tmp_path / "robust") == []
+
+
+def test_records_and_captures_must_pair_up(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="3 record"):
+        RecordStore(tmp_path).write("robust", LEAD, RECORDS, fetched_at=T0, captures=[capture(1, T0)])
+
+
+def test_query_records_reads_files_from_before_records_carried_a_capture(tmp_path: Path) -> None:
+    from investigations.records import query_records
+
+    store = RecordStore(tmp_path)
+    store.write("robust", LEAD, RECORDS[:1], fetched_at=T0, captures=[capture(1, T1)])
+    old = pa.table({"source": ["flaky"], "lead_id": [LEAD], "record_key": ["old"], "url": [None],
+                    "fetched_at": pa.array([T0], pa.timestamp("us", tz="UTC")), "fields": ["{}"]})
+    (tmp_path / "flaky").mkdir()
+    pq.write_table(old, tmp_path / "flaky" / f"{LEAD}.parquet")
+    rows = {row["record_key"]: row for row in query_records(tmp_path)}
+    assert rows["r2"]["capture_id"] == "<urn:uuid:1>" and rows["old"]["capture_id"] is None
