@@ -4,14 +4,19 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-postgres soak bench clean
+.PHONY: run test lint test-postgres soak bench clean
 
 run: $(STAMP)
 	$(BIN)/investigations up
 
 # Live tests (`pytest -m live`) reach the internet: never part of the suite.
-test: $(STAMP)
+test: $(STAMP) lint
 	$(BIN)/pytest -m "not soak and not live" -q
+
+# Lint (ruff) and types (mypy over investigations/), configured in pyproject.toml; part of `make test`.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # Only the tests that need PostgreSQL (they also run in `make test`).
 test-postgres: $(STAMP)

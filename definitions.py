@@ -23,7 +23,6 @@ from sensors.fleet_health import fleet_health_schedule
 from sensors.new_leads import build_new_lead_sensors
 from sensors.recurring import build_recurring_sensor
 
-
 # Set to post alerts to Slack (see sensors/alerts.py); unset, no alert sensor is defined.
 SLACK_TOKEN_ENV = "INVESTIGATIONS_SLACK_TOKEN"
 

@@ -8,7 +8,6 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from assets.naming import EMPTY_CHECK_NAME, job_name, source_asset_key
 from investigations.specs import SourceSpec
 
-
 # define_asset_job's return type is not exported at dagster's top level (1.13).
 SourceJob = UnresolvedAssetJobDefinition
 

@@ -22,8 +22,8 @@ from dagster import (
     AssetRecordsFilter,
     AssetsDefinition,
     AssetSpec,
-    Backoff,
     BackfillPolicy,
+    Backoff,
     Failure,
     Jitter,
     MetadataValue,
@@ -48,6 +48,7 @@ from investigations.specs import SourceSpec
 from investigations.store import StateStore
 from investigations.store.state import utcnow
 from resources.fleet import FleetResource
+
 
 def retry_policy_for(spec: SourceSpec) -> RetryPolicy:
     """Step retries for crashes; request retries happen inside the fetcher and are not repeated here."""
@@ -250,7 +251,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
             background = is_background(context.run.tags)
             outcomes = pool.map(lambda lead: _collect_one(fleet, spec, lead, context.run.run_id, background), lead_ids)
             try:
-                for lead_id, outcome in zip(lead_ids, outcomes):
+                for lead_id, outcome in zip(lead_ids, outcomes, strict=True):
                     if isinstance(outcome, CollectionResult):
                         # Stored in the event log before the generator resumes, so its id is known.
                         cost = collection_cost_usd(fleet.store, spec, lead_id=lead_id, run_id=context.run.run_id,

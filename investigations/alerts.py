@@ -94,7 +94,8 @@ class AlertState:
             data = {}
         if not isinstance(data, dict):
             data = {}
-        raised = data.get("raised") if isinstance(data.get("raised"), dict) else {}
+        found = data.get("raised")
+        raised = found if isinstance(found, dict) else {}
         since = data.get("dead_letters_since")
         try:
             at = datetime.fromisoformat(since) if isinstance(since, str) else None

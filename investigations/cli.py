@@ -193,7 +193,6 @@ def _intake(args: argparse.Namespace) -> int:
 
 def _demo_case(args: argparse.Namespace) -> int:
     from investigations.demo import DEMO_CASE_ID, demo_body, send_case
-
     from investigations.devfleet import DEMO_WEBHOOK_SECRET
 
     settings = Settings.from_env()

@@ -26,7 +26,7 @@ from typing import NoReturn
 
 import httpx
 
-from investigations.adapters import ParseError, ParsedRecord, TtlCache, build_adapter
+from investigations.adapters import ParsedRecord, ParseError, TtlCache, build_adapter
 from investigations.evidence import Capture, EvidenceStore
 from investigations.fetcher import Fetcher, FetchFailed, FetchParked, IdentityBlocked, redact_url
 from investigations.identities import Lease

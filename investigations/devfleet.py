@@ -87,7 +87,7 @@ def wait_http(url: str, *, timeout_s: float, procs: list[subprocess.Popen[bytes]
         while time.monotonic() < deadline:
             for proc in procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{' '.join(map(str, proc.args))} exited with {proc.returncode}")
+                    raise RuntimeError(f"{_command(proc)} exited with {proc.returncode}")
             try:
                 if client.get(url).status_code == 200:
                     return
@@ -137,10 +137,16 @@ def run_demo_fleet(project_root: Path, *, send_demo: bool = True) -> int:
         while not stopping:
             for proc in procs:
                 if proc.poll() is not None:
-                    print(f"{' '.join(map(str, proc.args))} exited with {proc.returncode}; stopping", flush=True)
+                    print(f"{_command(proc)} exited with {proc.returncode}; stopping", flush=True)
                     return 1
             time.sleep(0.5)
         return 0
     finally:
         print("stopping the fleet...", flush=True)
         stop_all(procs)
+
+
+def _command(proc: subprocess.Popen[bytes]) -> str:
+    """A process's command line, for messages."""
+    args = proc.args
+    return " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)

@@ -140,7 +140,7 @@ def wanted_sources(item: InboxItem, catalog: SourceCatalog) -> tuple[list[str], 
 
 def ingest(store: StateStore, items: Sequence[InboxItem], catalog: SourceCatalog) -> tuple[int, list[str]]:
     """Queue every inbox row once per wanted source (idempotent by inbox row)."""
-    queued, notes = 0, []
+    queued, notes = 0, list[str]()
     for item in items:
         names, skipped = wanted_sources(item, catalog)
         queued += store.enqueue(

@@ -40,7 +40,14 @@ from investigations.classify import (
 )
 from investigations.events import FetchEvent, Outcome
 from investigations.identities import CookieStore, IdentityPool, IdentityVerdict, Lease, classify_for_identity
-from investigations.netguard import Resolver, TargetAllowance, TargetRefused, resolve_checked, system_resolve, url_reason
+from investigations.netguard import (
+    Resolver,
+    TargetAllowance,
+    TargetRefused,
+    resolve_checked,
+    system_resolve,
+    url_reason,
+)
 from investigations.pacing import LaneSpec, RateLanes, identity_lane, source_lane
 from investigations.pinning import PinnedTransport, allowance_scope
 from investigations.redaction import install_log_redaction, redact, redact_url, register_secret
@@ -467,6 +474,7 @@ class Fetcher:
         def elapsed_ms() -> float:
             return (self._clock() - started) * 1000.0
 
+        error: str | None
         for hop in range(self._max_redirects + 1):
             if reason := self._refusal(url, allowance, proxied=proxied):
                 # No status: the refused url was never asked (an earlier hop's 3xx is not its answer).

@@ -314,10 +314,10 @@ def health_of(f: SourceFigures, thresholds: HealthThresholds = DEFAULT_THRESHOLD
 
 def identity_standings(
     *,
-    identities: Sequence[Mapping[str, Any]],
-    leases: Sequence[Mapping[str, Any]],
-    health: Sequence[Mapping[str, Any]],
-    range_rests: Sequence[Mapping[str, Any]],
+    identities: Sequence[Mapping[Any, Any]],
+    leases: Sequence[Mapping[Any, Any]],
+    health: Sequence[Mapping[Any, Any]],
+    range_rests: Sequence[Mapping[Any, Any]],
     failures: Mapping[tuple[str, str], int] | None = None,
     now_s: float,
 ) -> list[IdentityStanding]:
@@ -425,7 +425,7 @@ def fleet_figures(
         collections = [CollectionRow(*row) for row in conn.execute(
             select(c.c.source, c.c.outcome, c.c.records).where(c.c.last_attempt_at >= since))]
         freshness = {spec.name: _freshness(conn, spec, now=now) for spec in catalog.sources}
-        letters = dict(conn.execute(select(dl.c.source, func.count()).group_by(dl.c.source)).all())
+        letters: dict[str, int] = dict(conn.execute(select(dl.c.source, func.count()).group_by(dl.c.source)).all())
         parked_rows = conn.execute(
             select(q.c.source, q.c.park_reason, func.count())
             .where(q.c.state == "queued", q.c.outcome == "parked").group_by(q.c.source, q.c.park_reason)).all()

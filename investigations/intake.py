@@ -147,8 +147,7 @@ def _parse_leads(
         return []
     if len(raw) > max_leads:
         # Checked before any lead is looked at, so an oversized list costs no normalization work.
-        reason = f"at most {max_leads} leads per delivery, got {len(raw)}"
-        problems.append({"field": "leads", "reason": reason})
+        problems.append({"field": "leads", "reason": f"at most {max_leads} leads per delivery, got {len(raw)}"})
         return []
     # Which kinds some wanted source takes. With unusable `sources` the check is skipped: the answer
     # depends on how the sender fixes them, and the sources problem is already reported.
@@ -161,7 +160,7 @@ def _parse_leads(
         reason = _lead_problem(item)
         if reason is None:
             try:
-                lead = normalize_lead(kind, value)
+                lead = normalize_lead(kind, value)  # type: ignore[arg-type] # it checks both and says what is wrong
             except LeadError as exc:
                 reason = str(exc)
             else:

@@ -27,7 +27,14 @@ from contextlib import contextmanager
 import httpcore
 import httpx
 
-from investigations.netguard import NO_ALLOWANCE, Resolver, TargetAllowance, TargetRefused, resolve_checked, system_resolve
+from investigations.netguard import (
+    NO_ALLOWANCE,
+    Resolver,
+    TargetAllowance,
+    TargetRefused,
+    resolve_checked,
+    system_resolve,
+)
 
 _ALLOWANCE: contextvars.ContextVar[TargetAllowance] = contextvars.ContextVar("target_allowance", default=NO_ALLOWANCE)
 

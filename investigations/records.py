@@ -55,9 +55,12 @@ PROVENANCE_COLUMNS = ("capture_id", "capture_url", "warc_file", "warc_offset", "
 
 
 class RecordLike(Protocol):
-    key: str
-    url: str | None
-    fields: dict[str, Any]
+    @property
+    def key(self) -> str: ...
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def fields(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ class RecordStore:
         seen = [by_key[key][1] for key in sorted(by_key)]
         field_json = [canonical_json(r.fields) for r in ordered]
         content_hash = hashlib.sha256(
-            canonical_json([source, lead_id, [[r.key, r.url, f] for r, f in zip(ordered, field_json)]]).encode()
+            canonical_json([source, lead_id, [[r.key, r.url, f] for r, f in zip(ordered, field_json, strict=True)]]).encode()
         ).hexdigest()
         path = self.path_for(source, lead_id)
         unchanged = self.stored_hash(path) == content_hash
@@ -190,6 +193,6 @@ def query_records(
     with duckdb.connect() as conn:
         cursor = conn.execute(query, params)
         names = [column[0] for column in cursor.description]
-        rows = [dict(zip(names, row)) for row in cursor.fetchall()]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     columns = RECORD_SCHEMA.names
     return [{name: row.get(name) for name in columns} for row in rows]

@@ -28,9 +28,9 @@ from math import floor
 from typing import Final
 
 from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
 
 from investigations.redaction import register_secret
-from standardwebhooks.webhooks import WebhookVerificationError
 
 SECRET_PREFIX: Final = "whsec_"
 HEADER_ID: Final = "webhook-id"

@@ -97,7 +97,8 @@ class DohAdapter(TemplateAdapter):
                 raise ParseError(f"source {self.spec.name!r}: DoH Answer holds a {type(item).__name__}")
             fields: dict[str, Any] = {
                 "name": str(item.get("name", "")).rstrip(".").lower(),
-                "type": _TYPE_NAMES.get(item.get("type"), str(item.get("type"))),
+                "type": _TYPE_NAMES.get(rtype, str(rtype)) if isinstance(rtype := item.get("type"), int)
+                else str(rtype),
                 "data": item.get("data"),
             }
             key = f"{fields['name']} {fields['type']} {fields['data']}"

@@ -438,7 +438,7 @@ def _acquire_statement(t: Mapping[str, Table], *, lanes: bool, pg: bool) -> Any:
     walked least recently leased first on the LRU index, and every test is a correlated lookup by
     key, so the walk stops at the first slot that fits instead of judging them all.
     """
-    L, I, H, R, T = t["L"], t["I"], t["H"], t["R"], t["T"]
+    L, I, H, R, T = t["L"], t["I"], t["H"], t["R"], t["T"]  # noqa: E741 - the tables' one-letter aliases
     cand = L.alias("cand")
     source: Any = bindparam("p_source")
     now: Any = bindparam("p_now")

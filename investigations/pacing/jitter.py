@@ -24,6 +24,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 DELAY_MEDIAN = 0.5  # of the interval: sends spread over their slot, which blurs its period most
 THINK_MEDIAN = 0.3  # of an identity's own period: enough to shuffle the turns, little enough to keep the lane busy
@@ -111,7 +112,7 @@ class GapSampler:
         if len(before) < RHYTHM_SHORT_GAPS:
             return 0.0
         times = [*before, send_at_s]
-        gaps = [b - a for a, b in zip(times, times[1:])]
+        gaps = [b - a for a, b in pairwise(times)]
         last = gaps[-1]
         bands = [_failing_band(gaps[-n:-1], RHYTHM_MIN_CV if n == RHYTHM_GAPS else RHYTHM_SHORT_MIN_CV)
                  for n in range(RHYTHM_SHORT_GAPS, len(gaps) + 1)]

@@ -20,6 +20,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from itertools import pairwise
 from typing import Any
 
 SOURCES = ("robust", "fragile", "flaky", "quiet", "slow", "banning")
@@ -209,7 +210,7 @@ class RequestSeen:
 
 def gap_cv(times: list[float]) -> float:
     """Coefficient of variation of the gaps between `times` (0 for a metronome, or for no gap at all)."""
-    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    gaps = [later - earlier for earlier, later in pairwise(times)]
     mean = statistics.fmean(gaps)
     return statistics.pstdev(gaps) / mean if mean > 0 else 0.0
 

@@ -5,8 +5,8 @@ from investigations.store.state import (
     AcceptResult,
     Collection,
     DeadLetter,
-    QueuedCollection,
     InboxItem,
+    QueuedCollection,
     StateStore,
     utcnow,
 )

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetCheckKey, AssetCheckSeverity, AssetSelection, DagsterInstance, Definitions, define_asset_job, materialize
+from dagster import (
+    AssetCheckKey,
+    AssetCheckSeverity,
+    AssetSelection,
+    DagsterInstance,
+    Definitions,
+    define_asset_job,
+    materialize,
+)
 
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from assets.sources import build_source_asset

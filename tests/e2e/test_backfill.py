@@ -53,7 +53,7 @@ def test_leads_added_by_cli_and_intake_then_backfilled_run_in_whole_batches(flee
         rows = store.fetch_log(source="quiet", limit=100_000)
         collected = {row["lead_id"] for row in rows}
         runs = backfill_runs()
-        return runs and all(r.status in FINISHED for r in runs) and {by_intake.id, *(l.id for l in by_cli)} <= collected
+        return runs and all(r.status in FINISHED for r in runs) and {by_intake.id, *(lead.id for lead in by_cli)} <= collected
 
     wait_for(done, timeout_s=180, what="the backfill's runs to finish")
     runs = backfill_runs()

@@ -6,12 +6,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
 from assets.naming import job_name
-from investigations.leads import normalize_lead
-from investigations.pacing import Circuits, CircuitState
 from investigations.dispatch import (
     MAX_RUN_DEATHS,
     background_runs_for,
@@ -27,6 +24,8 @@ from investigations.dispatch import (
     wanted_sources,
     window_of,
 )
+from investigations.leads import normalize_lead
+from investigations.pacing import Circuits, CircuitState
 from investigations.priority import PriorityClass, run_tags
 from investigations.specs import load_sources
 from investigations.store import InboxItem, StateStore

@@ -21,6 +21,7 @@ from investigations.store import StateStore
 from tests.investigations.test_collect import EXAMPLE, LOOKUP, ROOT, SECRET, T0, Clock
 from tests.investigations.test_fetcher_identities import _lone_identity_world
 
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"

@@ -4,12 +4,9 @@ every answer says about it. Real loopback proxies on 127.0.0.2 and 127.0.0.3, th
 
 from __future__ import annotations
 
-from tests.fakes import FakeTime
-
-from concurrent.futures import ThreadPoolExecutor
-
 import random
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from investigations.records import RecordStore
 from investigations.sandbox.proxy import ProxyGroup, start_proxies
 from investigations.specs import SourceCatalog, parse_sources
 from investigations.store import StateStore
+from tests.fakes import FakeTime
 
 PROXY_HOSTS = ("127.0.0.2", "127.0.0.3")
 

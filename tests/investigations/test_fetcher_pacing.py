@@ -7,6 +7,7 @@ import statistics
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from itertools import pairwise
 
 import httpx
 import pytest
@@ -83,7 +84,7 @@ def test_requests_on_one_lane_are_spaced_by_the_permitted_rate(sqlite_store) -> 
     fetcher, _, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 5, sampler=exact)
     for _ in range(5):
         fetcher.fetch(spec(rate_per_s=2.0), REQUEST, lead_id="l1")
-    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    gaps = [b - a for a, b in pairwise(sent)]
     assert all(gap >= 0.5 - 1e-3 for gap in gaps)
     assert sum(gaps) / len(gaps) <= 0.5 * 1.16
 
@@ -94,7 +95,7 @@ def test_a_429_does_not_spend_an_attempt_and_retry_after_is_a_floor(sqlite_store
     fetcher, _, sent = make_fetcher(sqlite_store, time_, answers)
     result = fetcher.fetch(spec(attempts=1), REQUEST, lead_id="l1")  # one attempt, yet three 429s survived
     assert result.status == 200 and result.attempts == 4
-    assert all(b - a >= 7 for a, b in zip(sent, sent[1:]))
+    assert all(b - a >= 7 for a, b in pairwise(sent))
 
 
 def test_a_throttle_cuts_the_lane_rate_and_successes_raise_it_again(sqlite_store) -> None:
@@ -158,7 +159,7 @@ def test_an_identity_s_sends_never_close_too_regular_a_run_of_gaps(sqlite_store)
     fetcher, _, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 24)
     for _ in range(24):
         fetcher.fetch(spec(rate_per_s=2.0), REQUEST, lead_id="l1")
-    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    gaps = [b - a for a, b in pairwise(sent)]
     for n, floor in ((RHYTHM_GAPS, RHYTHM_MIN_CV), (RHYTHM_SHORT_GAPS, RHYTHM_SHORT_MIN_CV)):
         windows = [gaps[i:i + n] for i in range(len(gaps) - n + 1)]
         assert min(statistics.pstdev(w) / statistics.fmean(w) for w in windows) >= floor - 1e-9

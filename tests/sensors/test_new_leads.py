@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from tests.fakes import FakeTime
-
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, SensorResult, build_sensor_context
+from dagster import DagsterInstance, build_sensor_context
 
 from assets.jobs import build_source_job
 from assets.naming import job_name, pool_name
-from investigations.leads import normalize_lead
-from investigations.priority import HANDOVER_TAG, DAGSTER_PRIORITY, PRIORITY_CLASS_TAG, PriorityClass
-from investigations.specs import load_sources
-from investigations.store import InboxItem, StateStore
-from resources.fleet import FleetResource
 from investigations.dispatch import background_runs_for, ingest
+from investigations.leads import normalize_lead
+from investigations.priority import DAGSTER_PRIORITY, HANDOVER_TAG, PRIORITY_CLASS_TAG, PriorityClass
+from investigations.specs import load_sources
+from investigations.store import StateStore
+from resources.fleet import FleetResource
 from sensors.new_leads import build_new_lead_sensor, build_new_lead_sensors, has_turn, read_cursor
+from tests.fakes import FakeTime
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,6 +7,7 @@ import cmath
 import itertools
 import random
 import statistics
+from itertools import pairwise
 
 import pytest
 
@@ -82,13 +83,13 @@ def _saturated_sends(sampler: GapSampler, n: int = 50_000) -> list[float]:
 
 def test_send_gaps_average_the_interval_plus_the_slack() -> None:
     sends = _saturated_sends(GapSampler(random.Random(8)))
-    gaps = [b - a for a, b in zip(sends, sends[1:])]
+    gaps = [b - a for a, b in pairwise(sends)]
     assert INTERVAL_S <= statistics.fmean(gaps) <= 1.05 * INTERVAL_S  # never faster; 4 % slack
 
 
 def test_send_gaps_are_irregular_and_heavy_tailed() -> None:
     sends = _saturated_sends(GapSampler(random.Random(9)))
-    gaps = [b - a for a, b in zip(sends, sends[1:])]
+    gaps = [b - a for a, b in pairwise(sends)]
     cv = statistics.pstdev(gaps) / statistics.fmean(gaps)
     rng = random.Random(9)
     uniform = [INTERVAL_S * rng.uniform(0.5, 1.5) for _ in range(len(gaps))]  # a fixed-delay fleet's gaps
@@ -133,7 +134,7 @@ def gap_cv(gaps: list[float]) -> float:
 def windows_meet_their_floors(history: list[float], send: float) -> bool:
     """Every window of RHYTHM_SHORT_GAPS to RHYTHM_GAPS gaps ending at `send` has its floor's CV."""
     times = [*sorted(history)[-RHYTHM_GAPS:], send]
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in pairwise(times)]
     return all(gap_cv(gaps[-n:]) >= (RHYTHM_MIN_CV if n == RHYTHM_GAPS else RHYTHM_SHORT_MIN_CV)
                for n in range(RHYTHM_SHORT_GAPS, len(gaps) + 1))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from itertools import pairwise
 
 import pytest
 
@@ -313,7 +314,7 @@ def planned_sends(lanes: list[RateLanes], lane: LaneSpec, clock: FakeClock, n: i
 
 
 def lowest_window_cv(sends: list[float]) -> float:
-    gaps = [b - a for a, b in zip(sends, sends[1:])]
+    gaps = [b - a for a, b in pairwise(sends)]
     windows = [gaps[i:i + RHYTHM_GAPS] for i in range(len(gaps) - RHYTHM_GAPS + 1)]
     return min(statistics.pstdev(window) / statistics.fmean(window) for window in windows)
 

@@ -5,8 +5,8 @@ current version keeping its rows, a new one gets the same tables as a migrated o
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import Engine, inspect, select

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -339,7 +340,7 @@ def test_concurrent_intake_from_four_processes_keeps_every_row_in_commit_order(
     ids = [item.id for item in items]
     assert len(items) == WORKERS * WEBHOOKS_PER_WORKER
     assert len({item.webhook_id for item in items}) == WORKERS * WEBHOOKS_PER_WORKER
-    assert all(a < b for a, b in zip(ids, ids[1:]))
+    assert all(a < b for a, b in pairwise(ids))
     for worker in range(WORKERS):
         # Each worker delivers in sequence, so its rows appear in the inbox in that same order.
         mine = [item.webhook_id for item in items if item.case_id == f"case-{worker}"]
