@@ -57,7 +57,7 @@ def fleet_health(fleet: FleetResource) -> MaterializeResult:
     """
     store = fleet.store
     circuits = {source: state.state for source, state in Circuits(store).all_states().items()}
-    figures = fleet_figures(store, fleet.catalog, circuits=circuits)
+    figures = fleet_figures(store, fleet.catalog, circuits=circuits, data_dir=fleet.settings().data_dir)
     metadata: dict[str, object] = {}
     for f in figures:
         metadata[f"{f.source}/health"] = f.health

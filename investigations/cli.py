@@ -409,7 +409,8 @@ def _fleet_rows(settings: Settings, *, hours: float, window_s: float) -> list[di
     depths = store.queue_depths(now=now)
     circuits = {source: state.state for source, state in Circuits(store).all_states().items()}
     lanes = {lane.lane: lane for lane in RateLanes(store, sampler=GapSampler(random.Random())).all_states()}
-    figures = {f.source: f for f in fleet_figures(store, catalog, now=now, window_s=window_s, circuits=circuits)}
+    figures = {f.source: f for f in fleet_figures(store, catalog, now=now, window_s=window_s, circuits=circuits,
+                                                   data_dir=settings.data_dir)}
     rows = []
     for spec in catalog.sources:
         stats = summary.get(spec.name, {"requests": 0, "outcomes": {}, "latency_ms": 0.0, "last_at": None})

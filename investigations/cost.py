@@ -28,6 +28,7 @@ from investigations.store import StateStore
 from investigations.store import schema as s
 
 BYTES_PER_MB = 1_000_000  # proxy providers bill decimal megabytes
+BYTES_PER_GB = 1_000_000_000
 # A fetch-log row is written as its request ends and stamped with that moment, so a row older than
 # this that is not in the log yet never will be: today's usage up to then is final, and kept.
 SETTLE_S = 60.0
@@ -88,6 +89,11 @@ def collection_cost_usd(store: StateStore, spec: SourceSpec, *, lead_id: str, ru
     return sum(usage_cost_usd(Usage(spec.name, identity, int(count), int(size)),
                               source_cost_per_request_usd=spec.cost_per_request_usd,
                               identity=prices.get(identity, FREE)) for identity, count, size in rows)
+
+
+def evidence_cost_usd(spec: SourceSpec, evidence_bytes: int) -> float:
+    """What keeping the source's captures costs at its `evidence_usd_per_gb`."""
+    return evidence_bytes / BYTES_PER_GB * spec.evidence_usd_per_gb
 
 
 def day_start(now: datetime) -> datetime:

@@ -25,12 +25,21 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, select, type_coerce
 
-from investigations.cost import Usage, identity_prices, records_per_usd, spend_by_source, spend_today
+from investigations.cost import (
+    Usage,
+    evidence_cost_usd,
+    identity_prices,
+    records_per_usd,
+    spend_by_source,
+    spend_today,
+)
 from investigations.events import Outcome
+from investigations.evidence import evidence_bytes_by_source
 from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore, utcnow
 from investigations.store import schema as s
@@ -159,6 +168,8 @@ class SourceFigures:
     spend_window_usd: float
     records_per_usd: float | None
     parked: dict[str, int] = field(default_factory=dict)
+    evidence_bytes: int = 0  # WARC captures kept for the source
+    evidence_usd: float = 0.0  # what keeping them costs (evidence_usd_per_gb)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -188,6 +199,8 @@ NUMERIC_FIGURES: dict[str, str] = {
     "spend_today_usd": "spend since midnight UTC, USD",
     "daily_budget_usd": "daily budget, USD (0: none)",
     "records_per_usd": "records per USD over the window",
+    "evidence_bytes": "bytes of WARC captures kept for the source",
+    "evidence_usd": "what keeping the source's captures costs, USD (evidence_usd_per_gb)",
 }
 
 
@@ -412,9 +425,11 @@ def fleet_figures(
     window_s: float = DEFAULT_WINDOW_S,
     circuits: Mapping[str, str] | None = None,
     thresholds: HealthThresholds = DEFAULT_THRESHOLDS,
+    data_dir: Path | None = None,
 ) -> list[SourceFigures]:
     """Every configured source's figures now, in catalog order. `circuits` maps a source to its
-    circuit state (the caller reads them from `pacing.Circuits`; absent: closed)."""
+    circuit state (the caller reads them from `pacing.Circuits`; absent: closed). With `data_dir`,
+    the captures kept under it are counted (bytes and their storage cost)."""
     now = now or utcnow()
     since = now - timedelta(seconds=window_s)
     fl, c, q, dl = s.fetch_log, s.collections, s.collection_queue, s.dead_letters
@@ -445,8 +460,9 @@ def fleet_figures(
     for source, reason, count in parked_rows:
         parked[source][reason or "unknown"] = count
     by_source = _group(requests), _group(collections)
+    kept = evidence_bytes_by_source(data_dir) if data_dir is not None else {}
     return [
-        figures_for(
+        replace(figures_for(
             spec, now=now, window_s=window_s,
             requests=by_source[0].get(spec.name, []),
             collections=by_source[1].get(spec.name, []),
@@ -459,7 +475,7 @@ def fleet_figures(
             spend_window_usd=spent_window.get(spec.name, 0.0),
             parked=parked.get(spec.name),
             thresholds=thresholds,
-        )
+        ), evidence_bytes=kept.get(spec.name, 0), evidence_usd=evidence_cost_usd(spec, kept.get(spec.name, 0)))
         for spec in catalog.sources
     ]
 

@@ -17,6 +17,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import anyio
@@ -194,6 +195,7 @@ def create_intake_app(
     max_leads: int = DEFAULT_MAX_LEADS,
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    data_dir: Path | None = None,
 ) -> Starlette:
     """Build the intake ASGI app: `GET /healthz`, `POST /v1/leads` (see the module docstring) and
     `GET /metrics`, the fleet figures per source for Prometheus (`investigations.metrics`).
@@ -204,7 +206,7 @@ def create_intake_app(
     """
     verifier = WebhookVerifier(secret)  # registers the secrets for redaction, too
     install_log_redaction()
-    registry = fleet_registry(store, catalog)
+    registry = fleet_registry(store, catalog, data_dir=data_dir)
 
     async def metrics(request: Request) -> Response:
         try:
@@ -338,7 +340,8 @@ def serve(settings: Settings | None = None, host: str = "127.0.0.1", port: int |
     store = StateStore.from_url(settings.database_url)
     try:
         try:
-            app = create_intake_app(store=store, catalog=catalog, secret=settings.webhook_secrets)
+            app = create_intake_app(store=store, catalog=catalog, secret=settings.webhook_secrets,
+                                    data_dir=settings.data_dir)
         except ValueError as exc:  # the message names the problem, never the secret
             raise ConfigError(f"INVESTIGATIONS_WEBHOOK_SECRET: {exc}") from None
         uvicorn.Server(server_config(app, host=host, port=port or settings.intake_port)).run()

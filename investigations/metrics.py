@@ -8,6 +8,7 @@ the store knows the whole fleet's figures, and a restarted intake loses nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -26,14 +27,17 @@ class FleetCollector(Collector):
     series per verdict (1 for the source's current one, 0 for the others). A figure that has no
     value (a rate without requests) is left out for that source rather than reported as 0."""
 
-    def __init__(self, store: StateStore, catalog: SourceCatalog, *, window_s: float = DEFAULT_WINDOW_S) -> None:
+    def __init__(self, store: StateStore, catalog: SourceCatalog, *, window_s: float = DEFAULT_WINDOW_S,
+                 data_dir: Path | None = None) -> None:
         self._store = store
         self._catalog = catalog
         self._window_s = window_s
+        self._data_dir = data_dir
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         circuits = {source: state.state for source, state in Circuits(self._store).all_states().items()}
-        figures = fleet_figures(self._store, self._catalog, window_s=self._window_s, circuits=circuits)
+        figures = fleet_figures(self._store, self._catalog, window_s=self._window_s, circuits=circuits,
+                                data_dir=self._data_dir)
         health = GaugeMetricFamily(f"{PREFIX}health", "the source's health verdict (1: current)",
                                    labels=["source", "health"])
         for f in figures:
@@ -49,11 +53,11 @@ class FleetCollector(Collector):
             yield gauge
 
 
-def fleet_registry(store: StateStore, catalog: SourceCatalog, *, window_s: float = DEFAULT_WINDOW_S
-                   ) -> CollectorRegistry:
+def fleet_registry(store: StateStore, catalog: SourceCatalog, *, window_s: float = DEFAULT_WINDOW_S,
+                   data_dir: Path | None = None) -> CollectorRegistry:
     """A registry of its own holding only the fleet collector (not the process-global one)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(store, catalog, window_s=window_s))
+    registry.register(FleetCollector(store, catalog, window_s=window_s, data_dir=data_dir))
     return registry
 
 

@@ -321,6 +321,9 @@ class SourceSpec(_Model):
     # Spend a day (UTC) after which the source gets no more background work (recurring crawls,
     # backfills); interactive leads still go. 0 means no budget. See `investigations.cost`.
     daily_budget_usd: float = Field(default=0.0, ge=0)
+    # What keeping one GB of this source's captures (WARC evidence) costs, USD: the storage part of
+    # the source's cost, beside its requests and proxy traffic.
+    evidence_usd_per_gb: float = Field(default=0.0, ge=0)
     # What one request to the source itself costs (an API's price per call), on top of what the
     # identity it goes out as costs (the identities file's cost_per_request_usd and cost_per_mb_usd).
     cost_per_request_usd: float = Field(default=0.0, ge=0)

@@ -234,3 +234,21 @@ def test_fleet_figures_read_from_the_store(store: StateStore) -> None:
     assert quiet.identities_available == 2
     leased = [row for row in read_identity_standings(store, now=NOW) if row.state == "leased"]
     assert [(row.identity_id, row.source, row.leased_by) for row in leased] == [("a", "api", "run-9")]
+
+
+def test_captures_kept_for_a_source_count_in_its_cost(store: StateStore, tmp_path) -> None:
+    priced = parse_sources("""
+sources:
+  - name: api
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://api.example/lookup?q={value}"}
+    evidence_usd_per_gb: 0.02
+""")
+    day = tmp_path / "evidence" / "api" / "2026-12-02"
+    day.mkdir(parents=True)
+    (day / "lead-1.warc.gz").write_bytes(b"x" * 2_000_000)
+    (day / "lead-2.warc.gz.tmp").write_bytes(b"x" * 5)  # not yet a capture
+    (figures,) = fleet_figures(store, priced, now=NOW, data_dir=tmp_path)
+    assert figures.evidence_bytes == 2_000_000
+    assert figures.evidence_usd == pytest.approx(2_000_000 / 1e9 * 0.02)
