@@ -549,6 +549,29 @@ class StateStore:
         return result.rowcount
 
 
+    def dispatched_handovers(self, *, dispatched_before: datetime, limit: int = 500) -> list[str]:
+        """Handover keys with rows still dispatched under them since before `dispatched_before`."""
+        q = s.collection_queue
+        query = (select(q.c.handover_key).where(q.c.state == "dispatched", q.c.handover_key.is_not(None),
+                                                q.c.dispatched_at < dispatched_before)
+                 .group_by(q.c.handover_key).order_by(func.min(q.c.dispatched_at)).limit(limit))
+        with self.engine.begin() as conn:
+            return list(conn.scalars(query))
+
+    def release_handovers(self, handover_keys: Sequence[str], *, dispatched_before: datetime) -> int:
+        """Rows dispatched under these keys (since before `dispatched_before`) go back to the queue,
+        ready now, no run death counted; rows a dispatch claimed without a key yet go back too."""
+        q = s.collection_queue
+        orphaned = q.c.handover_key.is_(None)
+        if handover_keys:
+            orphaned = orphaned | q.c.handover_key.in_(list(handover_keys))
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                q.update().where(q.c.state == "dispatched", q.c.dispatched_at < dispatched_before, orphaned)
+                .values(state="queued", dispatched_at=None, handover_key=None)
+            )
+        return result.rowcount
+
     # -- collections and dead letters -------------------------------------------------------------
 
     def record_collection(
