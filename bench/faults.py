@@ -73,6 +73,7 @@ IDENTITIES = ("loop_a", "loop_b", "loop_c")
 ROBUST_DELAY_S = (0.5, 1.5)  # the interactive source answers after this long: a step lasts long enough to be hit
 SLOW_BATCH_MAX = 25  # small batches of the backfill source: many batch runs to kill mid-way
 POLL_S = 0.1
+PATIENCE_S = 20.0  # a kill due waits this long for a run in its own window before another window takes it
 START_TIMEOUT_S = 120.0
 DRAIN_S = 60.0  # after every lead settled, runs still going get this long to end before they count as stuck
 RUN_FLIGHT = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
@@ -576,8 +577,10 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
                 timeline["code_server"] = time.time()
                 print(f"  [{backend}] kill -9 code server: {injector.kill_code_server()}", flush=True)
             if windows and time.time() >= next_kill:
-                # The window due first, else any other still owed a kill that has a run in it now.
-                kill = next((k for w in dict.fromkeys(windows) if (k := injector.try_kill(w)) is not None), None)
+                # The window due first; once it has waited PATIENCE_S for a run, any other still owed
+                # a kill that has a run in it now.
+                order = list(dict.fromkeys(windows)) if time.time() >= next_kill + PATIENCE_S else windows[:1]
+                kill = next((k for w in order if (k := injector.try_kill(w)) is not None), None)
                 if kill is not None:
                     windows.remove(kill["window"])
                     print(f"  [{backend}] kill -9 run worker [{kill['window']}] {kill['run_id'][:8]} "
