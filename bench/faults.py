@@ -715,7 +715,8 @@ def analyse(fleet: Fleet, instance: Any, store: Any, deliveries: list[Delivery],
         if len(keys) != len(set(keys)):
             dup_keys.append(f"{source}/{lead}")
         if RecordStore.stored_hash(path) != reference.get((source, lead)):
-            differing.append(f"{source}/{lead}")
+            differing.append(f"{source}/{lead}: stored {RecordStore.stored_hash(path)}, "
+                             f"undisturbed {reference.get((source, lead))}")
         versions = watch.versions.get(f"{source}/{lead}", [])
         if len({h for _, _, h in versions}) > 1:
             two_contents.append(f"{source}/{lead}")
@@ -810,6 +811,7 @@ def analyse(fleet: Fleet, instance: Any, store: Any, deliveries: list[Delivery],
         "files_differing_from_undisturbed": len(differing),
         "files_differing_sample": differing[:10],
         "files_missing": len(missing_files),
+        "undisturbed_pass_errors": sum(1 for h in reference.values() if h.startswith("error")),
         "runs_stuck": len(stuck),
         "runs_stuck_ids": stuck[:10],
         "runs_in_flight_at_end": len(in_flight),

@@ -56,6 +56,12 @@ def build_dead_runs_sensor() -> SensorDefinition:
             handover = run.tags.get(HANDOVER_TAG)
             if not handover or run.tags.get(WILL_RETRY_TAG) == "true":
                 continue
+            if (run.status == DagsterRunStatus.FAILURE and WILL_RETRY_TAG not in run.tags
+                    and context.instance.run_retries_enabled):
+                # Dagster stores the failure first and says whether it will retry a moment later (the
+                # tag bumps the run's update time, so a later tick reads it again): until then the
+                # retry may still come, and its leads must stay with it.
+                continue
             requeued, spent = release_dead_run(fleet.store, handover, why=f"run {run.run_id} {run.status.value}")
             if requeued or spent:
                 notes.append(f"run {run.run_id} ({run.status.value}): {requeued} requeued, "
