@@ -514,7 +514,7 @@ def wait_daemon(instance: Any, fleet: Fleet, *, timeout_s: float) -> None:
     raise TimeoutError(f"the daemon started no code server within {timeout_s:.0f} s; see {fleet.logs}")
 
 
-def settled(store: Any, expected: set[tuple[str, str]], since: float) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+def settled(store: Any, expected: set[tuple[str, str]]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
     """(collected, dead-lettered) among the expected (source, lead) pairs."""
     from sqlalchemy import select
 
@@ -568,6 +568,7 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
         windows = [WINDOWS[n % len(WINDOWS)] for n in range(args.kills)]
         rng.shuffle(windows)
         give_up = time.time() + args.send_s + args.kill_grace_s
+        next_check = 0.0
         while windows or sender.is_alive() or "daemon" not in timeline or "code_server" not in timeline:
             if "daemon" not in timeline and sender.sent >= daemon_at:
                 timeline["daemon"] = time.time()
@@ -589,6 +590,12 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
             if time.time() > give_up:
                 print(f"  [{backend}] no run in the windows {windows} came up in time; going on", flush=True)
                 break
+            if not sender.is_alive() and time.time() >= next_check:
+                next_check = time.time() + 5.0
+                ok, dead = settled(store, expected)
+                if len(ok) + len(dead) == len(expected) and not _runs_in_flight(instance):
+                    print(f"  [{backend}] every collection settled before the windows {windows} came up", flush=True)
+                    break
             if sender.error:
                 raise RuntimeError(f"sender: {sender.error}")
             time.sleep(POLL_S)
@@ -601,7 +608,7 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
         deadline = time.time() + args.settle_timeout_s
         last_report = 0.0
         while time.time() < deadline:
-            ok, dead = settled(store, expected, timeline["start"])
+            ok, dead = settled(store, expected)
             if len(ok) + len(dead) == len(expected):
                 timeline["settled"] = time.time()
                 break
@@ -702,7 +709,7 @@ def analyse(fleet: Fleet, instance: Any, store: Any, deliveries: list[Delivery],
     from investigations.records import RecordStore
     from investigations.store import schema as s
 
-    ok, dead = settled(store, expected, timeline["start"])
+    ok, dead = settled(store, expected)
     lost = sorted(expected - ok - dead)
     records = RecordStore(fleet.data_dir / "records")
     dup_keys, differing, missing_files, rewritten_same, two_contents = [], [], [], [], []
@@ -911,7 +918,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="share of leads sent as interactive (default 0.25); the rest as backfill")
     parser.add_argument("--send-s", type=float, default=None,
                         help="how long the sending lasts (default: 1.2 s per interactive lead, at least 60 s)")
-    parser.add_argument("--kill-grace-s", type=float, default=120.0,
+    parser.add_argument("--kill-grace-s", type=float, default=600.0,
                         help="after the sending, how long to look for runs in the windows still due")
     parser.add_argument("--settle-timeout-s", type=float, default=900.0)
     parser.add_argument("--seed", type=int, default=1)
