@@ -152,6 +152,10 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 stored = fleet.store.collection(spec.name, lead_id)
                 yield empty_check(spec, lead_id, stored.records if stored else 0, [])
             return
+        if not lead_ids:
+            # A retry of a run killed after it stored everything it was handed: nothing is owed.
+            context.log.info("nothing left to collect: every lead of this handover is stored, parked or handed on")
+            return
         lower_cpu_priority_if_background(context.run.tags)
         failures: list[CollectionFailed] = []
         with ThreadPoolExecutor(max_workers=min(spec.concurrency, len(lead_ids)),
