@@ -35,7 +35,6 @@ by killing nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
