@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint test-postgres soak bench clean
+.PHONY: run test lint test-postgres soak bench faults clean
 
 run: $(STAMP)
 	$(BIN)/investigations up
@@ -29,6 +29,11 @@ soak: $(STAMP)
 bench: $(STAMP)
 	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || { apt-get update -qq && apt-get install -y -qq nginx-light; }
 	$(BIN)/python -m bench
+
+# The fault suite: a real fleet on loopback, processes killed with SIGKILL, on SQLite and Postgres
+# (bench/README.md; FAULTS_ARGS="--leads 300 --kills 12 --backend sqlite" for a shorter run).
+faults: $(STAMP)
+	$(BIN)/python -m bench.faults $(FAULTS_ARGS)
 
 # The virtualenv is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml

@@ -269,12 +269,12 @@ class Collector:
                                      parser_version=adapter.parser_version)
         outcome = "ok" if written.records else "empty"
         now = self.now()
+        # The file first, then its bookkeeping in one transaction: a crash between the two leaves the
+        # lead owed, and collecting it again finds the same records and leaves the file as it is.
         fields_in_all = common_fields(found)
-        self.store.record_collection(source=source, lead_id=lead_id, outcome=outcome, records=written.records,
-                                     content_hash=written.content_hash, path=str(written.path), run_id=run_id,
-                                     common_fields=fields_in_all,
-                                     now=now)
-        self.store.finish_dispatched(source, lead_id, outcome=outcome, now=now)
+        self.store.complete_collection(source=source, lead_id=lead_id, outcome=outcome, records=written.records,
+                                       content_hash=written.content_hash, path=str(written.path), run_id=run_id,
+                                       now=now, common_fields=fields_in_all)
         self._record_circuit(spec, success=True)
         return CollectionResult(
             source=source,
@@ -340,9 +340,8 @@ class Collector:
         now = self.now()
         self.store.put_dead_letter(source=source, lead_id=lead_id, reason_group=reason_group,
                                    last_status=last_status, attempts=attempts, last_error=last_error, now=now)
-        self.store.record_collection(source=source, lead_id=lead_id, outcome="failed", records=0,
-                                     content_hash=None, path=None, run_id=run_id, now=now)
-        self.store.finish_dispatched(source, lead_id, outcome="failed", now=now)
+        self.store.complete_collection(source=source, lead_id=lead_id, outcome="failed", records=0,
+                                       content_hash=None, path=None, run_id=run_id, now=now)
         raise CollectionFailed(source=source, lead_id=lead_id, reason_group=reason_group,
                                last_status=last_status, attempts=attempts, last_error=last_error)
 

@@ -44,6 +44,10 @@ RUN_OVERLAP_S = 15
 # A dispatched collection whose run never reported back goes back to the queue after this long (a
 # run that died is noticed much sooner, from Dagster's run records: see `release_dead_run`).
 STALE_DISPATCH = timedelta(minutes=30)
+# A dispatched row whose handover has no run this long after it was claimed was lost between the
+# sensor's claim and the run's creation (the daemon or the code server died during the tick, whose
+# evaluation may last 60 s): it goes back to the queue, no run death counted.
+ORPHANED_DISPATCH = timedelta(minutes=2)
 # A collection whose runs died this many times without collecting it becomes a dead letter
 # (`crashed`): a lead that kills its run worker must not loop forever.
 MAX_RUN_DEATHS = 3
@@ -395,6 +399,20 @@ def release_dead_run(store: StateStore, handover_key: str, *, why: str, now: dat
                               last_error=f"{row.run_deaths + 1} run(s) ended without collecting it; last: {why}", now=now)
         store.finish_dispatched(row.source, row.lead_id, outcome="failed", now=now)
     return requeued, spent
+
+
+def release_orphaned_dispatches(store: StateStore, *, runs_exist: Callable[[Sequence[str]], set[str]],
+                                now: datetime | None = None) -> int:
+    """Rows a dispatch pass claimed whose run was never created go back to the queue once
+    ORPHANED_DISPATCH has passed, instead of after STALE_DISPATCH: a tick that claimed rows and died
+    before its run requests reached Dagster (the daemon or the code server killed mid-tick) leaves
+    them dispatched under a handover no run carries. `runs_exist(keys)` answers which of these
+    handover keys a run (or a retry of one) carries; the caller reads Dagster's run records. A run
+    that turns up later under a released key finds nothing owed (its rows are no longer under it)."""
+    cutoff = (now or utcnow()) - ORPHANED_DISPATCH
+    keys = store.dispatched_handovers(dispatched_before=cutoff)
+    alive = runs_exist(keys) if keys else set()
+    return store.release_handovers([key for key in keys if key not in alive], dispatched_before=cutoff)
 
 
 def order_from(positions: Mapping[str, int]) -> Callable[[str], int]:

@@ -7,6 +7,9 @@ leads it still owed stay `dispatched` in the fleet's queue. Dagster's own run re
 collects only what is still owed. Once a run ends for good (no retry coming), this sensor reads it
 from Dagster's run records and hands its rows to `investigations.dispatch.release_dead_run`: they go
 out again under a new run key within seconds, instead of after the 30-minute stale timer.
+
+It also gives back rows a `new_leads` tick claimed whose run was never created (the daemon or the
+code server died during the tick): two minutes after the claim, when no run carries their handover.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dagster import (
     sensor,
 )
 
-from investigations.dispatch import release_dead_run
+from investigations.dispatch import release_dead_run, release_orphaned_dispatches
 from investigations.priority import HANDOVER_TAG
 from resources.fleet import FleetResource
 
@@ -53,10 +56,20 @@ def build_dead_runs_sensor() -> SensorDefinition:
             handover = run.tags.get(HANDOVER_TAG)
             if not handover or run.tags.get(WILL_RETRY_TAG) == "true":
                 continue
+            if (run.status == DagsterRunStatus.FAILURE and WILL_RETRY_TAG not in run.tags
+                    and context.instance.run_retries_enabled):
+                # Dagster stores the failure first and says whether it will retry a moment later (the
+                # tag bumps the run's update time, so a later tick reads it again): until then the
+                # retry may still come, and its leads must stay with it.
+                continue
             requeued, spent = release_dead_run(fleet.store, handover, why=f"run {run.run_id} {run.status.value}")
             if requeued or spent:
                 notes.append(f"run {run.run_id} ({run.status.value}): {requeued} requeued, "
                              f"{len(spent)} dead-lettered as crashed")
+        orphans = release_orphaned_dispatches(fleet.store, runs_exist=lambda keys: {
+            run.tags[HANDOVER_TAG] for run in context.instance.get_runs(RunsFilter(tags={HANDOVER_TAG: list(keys)}))})
+        if orphans:
+            notes.append(f"{orphans} dispatched collection(s) whose run was never created given back to the queue")
         for note in notes:
             context.log.info(note)
         return SensorResult(skip_reason="; ".join(notes) or f"{len(records)} ended run(s), nothing owed",

@@ -517,15 +517,8 @@ class StateStore:
     def finish_dispatched(self, source: str, lead_id: str, *, outcome: str, now: datetime | None = None) -> int:
         """Close every dispatched row of (source, lead), and any queued duplicate it satisfied."""
         now = now or utcnow()
-        q = s.collection_queue
-        states = ["dispatched", "queued"] if outcome in ("ok", "empty") else ["dispatched"]
         with self.engine.begin() as conn:
-            result = conn.execute(
-                q.update()
-                .where(q.c.source == source, q.c.lead_id == lead_id, q.c.state.in_(states), q.c.enqueued_at <= now)
-                .values(state="done", finished_at=now, outcome=outcome)
-            )
-        return result.rowcount
+            return _finish_dispatched(conn, source, lead_id, outcome=outcome, now=now)
 
     def park_dispatched(self, source: str, lead_id: str, *, until: datetime, reason: str | None = None) -> int:
         """Put the dispatched rows of (source, lead) back in the queue, ready again at `until`, with
@@ -564,6 +557,29 @@ class StateStore:
         return result.rowcount
 
 
+    def dispatched_handovers(self, *, dispatched_before: datetime, limit: int = 500) -> list[str]:
+        """Handover keys with rows still dispatched under them since before `dispatched_before`."""
+        q = s.collection_queue
+        query = (select(q.c.handover_key).where(q.c.state == "dispatched", q.c.handover_key.is_not(None),
+                                                q.c.dispatched_at < dispatched_before)
+                 .group_by(q.c.handover_key).order_by(func.min(q.c.dispatched_at)).limit(limit))
+        with self.engine.begin() as conn:
+            return list(conn.scalars(query))
+
+    def release_handovers(self, handover_keys: Sequence[str], *, dispatched_before: datetime) -> int:
+        """Rows dispatched under these keys (since before `dispatched_before`) go back to the queue,
+        ready now, no run death counted; rows a dispatch claimed without a key yet go back too."""
+        q = s.collection_queue
+        orphaned = q.c.handover_key.is_(None)
+        if handover_keys:
+            orphaned = orphaned | q.c.handover_key.in_(list(handover_keys))
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                q.update().where(q.c.state == "dispatched", q.c.dispatched_at < dispatched_before, orphaned)
+                .values(state="queued", dispatched_at=None, handover_key=None)
+            )
+        return result.rowcount
+
     # -- collections and dead letters -------------------------------------------------------------
 
     def record_collection(
@@ -584,32 +600,34 @@ class StateStore:
         `common_fields`: the fields every record of a successful collection carried (kept only when
         it found records, for the schema-drift check)."""
         now = now or utcnow()
-        succeeded = outcome != "failed"
-        row = {
-            "source": source,
-            "lead_id": lead_id,
-            "outcome": outcome,
-            "records": records,
-            "content_hash": content_hash,
-            "path": path,
-            "run_id": run_id,
-            "last_attempt_at": now,
-            "last_success_at": now if succeeded else None,
-            "common_fields": json.dumps(sorted(common_fields)) if common_fields is not None and records else None,
-        }
-        update = ["outcome", "run_id", "last_attempt_at"]
-        if succeeded:
-            update += ["records", "content_hash", "path", "last_success_at"]
-            if records:
-                update.append("common_fields")
         with self.engine.begin() as conn:
-            _upsert(conn, s.collections, [row], keys=["source", "lead_id"], update=update)
-            if succeeded:
-                conn.execute(
-                    delete(s.dead_letters).where(
-                        and_(s.dead_letters.c.source == source, s.dead_letters.c.lead_id == lead_id)
-                    )
-                )
+            _record_collection(conn, source=source, lead_id=lead_id, outcome=outcome, records=records,
+                               content_hash=content_hash, path=path, run_id=run_id, now=now,
+                               common_fields=common_fields)
+
+    def complete_collection(
+        self,
+        *,
+        source: str,
+        lead_id: str,
+        outcome: str,
+        records: int,
+        content_hash: str | None,
+        path: str | None,
+        run_id: str | None,
+        now: datetime | None = None,
+        common_fields: Sequence[str] | None = None,
+    ) -> int:
+        """The bookkeeping of a finished collection in one transaction: `record_collection` and
+        `finish_dispatched` together, so a process killed after the records were written leaves
+        either both done or neither (the queue row still dispatched: the collection runs again and,
+        finding the same records, leaves the file as it is). Returns the queue rows closed."""
+        now = now or utcnow()
+        with self.engine.begin() as conn:
+            _record_collection(conn, source=source, lead_id=lead_id, outcome=outcome, records=records,
+                               content_hash=content_hash, path=path, run_id=run_id, now=now,
+                               common_fields=common_fields)
+            return _finish_dispatched(conn, source, lead_id, outcome=outcome, now=now)
 
     def collection(self, source: str, lead_id: str) -> Collection | None:
         with self.engine.begin() as conn:
@@ -773,6 +791,45 @@ def _queue_rank():  # noqa: ANN202 - a SQL expression
     from sqlalchemy import case
 
     return case(PRIORITY_RANK, value=s.collection_queue.c.priority_class, else_=len(PRIORITY_RANK))
+
+
+def _record_collection(conn: Connection, *, source: str, lead_id: str, outcome: str, records: int,
+                       content_hash: str | None, path: str | None, run_id: str | None, now: datetime,
+                       common_fields: Sequence[str] | None = None) -> None:
+    succeeded = outcome != "failed"
+    row = {
+        "source": source,
+        "lead_id": lead_id,
+        "outcome": outcome,
+        "records": records,
+        "content_hash": content_hash,
+        "path": path,
+        "run_id": run_id,
+        "last_attempt_at": now,
+        "last_success_at": now if succeeded else None,
+        "common_fields": json.dumps(sorted(common_fields)) if common_fields is not None and records else None,
+    }
+    update = ["outcome", "run_id", "last_attempt_at"]
+    if succeeded:
+        update += ["records", "content_hash", "path", "last_success_at"]
+        if records:
+            update.append("common_fields")
+    _upsert(conn, s.collections, [row], keys=["source", "lead_id"], update=update)
+    if succeeded:
+        conn.execute(
+            delete(s.dead_letters).where(and_(s.dead_letters.c.source == source, s.dead_letters.c.lead_id == lead_id))
+        )
+
+
+def _finish_dispatched(conn: Connection, source: str, lead_id: str, *, outcome: str, now: datetime) -> int:
+    q = s.collection_queue
+    states = ["dispatched", "queued"] if outcome in ("ok", "empty") else ["dispatched"]
+    result = conn.execute(
+        q.update()
+        .where(q.c.source == source, q.c.lead_id == lead_id, q.c.state.in_(states), q.c.enqueued_at <= now)
+        .values(state="done", finished_at=now, outcome=outcome)
+    )
+    return result.rowcount
 
 
 def _queued(row: dict[str, Any]) -> QueuedCollection:

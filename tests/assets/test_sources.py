@@ -200,6 +200,22 @@ def test_a_batch_run_collects_only_its_member_leads_inside_the_envelope(world) -
     assert sorted(m.partition for m in result.asset_materializations_for_node("sources__robust")) == sorted(members)
 
 
+def test_a_retry_of_a_run_killed_after_it_stored_its_lead_succeeds_collecting_nothing(world, sandbox) -> None:
+    """The run worker was killed after the lead's bookkeeping; Dagster's retry finds nothing owed."""
+    settings, lead, instance, store = world
+    spec = load_catalog(settings.sources_path).get("robust")
+    store.enqueue([("robust", lead.id)], origin="inbox:1", priority_class="interactive")
+    (row,) = store.dispatch("robust", limit=1)
+    store.assign_handover([row.id], handover_key="robust:killed")
+    store.finish_dispatched("robust", lead.id, outcome="ok")  # what the killed run did before it died
+    requests_before = sandbox.app_state.sources["robust"].requests
+    result = materialize([build_source_asset(spec)], instance=instance, resources={"fleet": FleetResource()},
+                         partition_key=lead.id, tags={HANDOVER_TAG: "robust:killed"})
+    assert result.success
+    assert result.asset_materializations_for_node("sources__robust") == []
+    assert sandbox.app_state.sources["robust"].requests == requests_before
+
+
 def _niceness_after(tags: dict[str, str]) -> int:
     # In a child process: the niceness of a process can only go up, and this one runs the other tests.
     code = ("import json, os, sys; from assets.sources import lower_cpu_priority_if_background as lower; "

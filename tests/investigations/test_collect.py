@@ -229,3 +229,67 @@ def test_a_parked_collection_launched_outside_the_backlog_is_queued_not_lost(san
             collector.collect("robust", lead.id)
     assert store.queue_depths()["robust"]["waiting"] == 1
     assert store.dead_letters() == []
+
+
+# -- a crash between the Parquet write and the queue's bookkeeping ---------------------------------
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it in the process runs (not even `except Exception`)."""
+
+
+def _dispatched(world: World, lead_id: str) -> None:
+    world.store.enqueue([("robust", lead_id)], origin="inbox:1", priority_class="interactive", now=T0)
+    (row,) = world.store.dispatch("robust", limit=1, now=T0)
+    world.store.assign_handover([row.id], handover_key="robust:handover-1")
+
+
+def test_a_crash_after_the_write_neither_loses_the_lead_nor_writes_it_twice(
+    world: World, fleet: SourceCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lead_id = world.lead()
+    _dispatched(world, lead_id)
+    real = world.store.complete_collection
+
+    def crash(**kwargs):
+        raise Killed
+
+    monkeypatch.setattr(world.store, "complete_collection", crash)
+    with pytest.raises(Killed):
+        world.collector(fleet).collect("robust", lead_id, run_id="run-killed")
+    path = world.records.path_for("robust", lead_id)
+    written = file_sha256(str(path))
+    # The file is there, the bookkeeping is not: the lead is still owed to its handover.
+    assert world.store.collection("robust", lead_id) is None
+    assert world.store.handover_leads("robust:handover-1") == [lead_id]
+
+    monkeypatch.setattr(world.store, "complete_collection", real)
+    world.clock.advance(seconds=5)
+    again = world.collector(fleet).collect("robust", lead_id, run_id="run-retry")
+    assert again.changed is False  # the same records: the file is left as the killed run wrote it
+    assert file_sha256(str(path)) == written
+    keys = world.records.read("robust", lead_id).column("record_key").to_pylist()
+    assert len(keys) == len(set(keys)) == again.records
+    row = world.store.collection("robust", lead_id)
+    assert (row.outcome, row.run_id, row.content_hash) == ("ok", "run-retry", again.content_hash)
+    assert world.store.handover_leads("robust:handover-1") == []
+    assert world.store.queue_depths().get("robust", {}).get("dispatched", 0) == 0
+
+
+def test_the_bookkeeping_of_a_collection_is_one_transaction(
+    world: World, fleet: SourceCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from investigations.store import state
+
+    lead_id = world.lead()
+    _dispatched(world, lead_id)
+
+    def crash(*args, **kwargs):
+        raise Killed
+
+    # Killed after the collection row was written, before the queue row was closed: both roll back.
+    monkeypatch.setattr(state, "_finish_dispatched", crash)
+    with pytest.raises(Killed):
+        world.collector(fleet).collect("robust", lead_id, run_id="run-killed")
+    assert world.store.collection("robust", lead_id) is None
+    assert world.store.handover_leads("robust:handover-1") == [lead_id]

@@ -11,6 +11,7 @@ from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 from assets.naming import job_name
 from investigations.dispatch import (
     MAX_RUN_DEATHS,
+    ORPHANED_DISPATCH,
     background_runs_for,
     background_take,
     batch_size,
@@ -21,6 +22,7 @@ from investigations.dispatch import (
     plan_dispatch,
     plan_recurring,
     release_dead_run,
+    release_orphaned_dispatches,
     wanted_sources,
     window_of,
 )
@@ -350,6 +352,33 @@ def test_a_lead_whose_runs_keep_dying_becomes_a_crashed_dead_letter(world) -> No
     (letter,) = store.dead_letters(source="robust")
     assert letter.reason_group == "crashed" and letter.attempts == MAX_RUN_DEATHS and "r3 FAILURE" in letter.last_error
     assert store.queue_depths(now=NOW).get("robust", {}).get("ready", 0) == 0
+
+
+def test_rows_claimed_by_a_tick_whose_run_was_never_created_go_back_after_the_orphan_delay(world) -> None:
+    """The daemon killed between a tick's claim and the run's creation: no run carries the handover."""
+    _, store = world
+    lost = _handed_over(store, ["domain-1", "domain-2"], key="robust:batch:lost")
+    running = _handed_over(store, ["domain-3"], key="robust:domain-3:q3:d1")
+    store.enqueue([("robust", "domain-4")], origin="inbox:9", priority_class="interactive", now=NOW)
+    store.dispatch("robust", limit=1, now=NOW)  # claimed, killed before its handover was named
+    asked: list[list[str]] = []
+
+    def runs_exist(keys):
+        asked.append(sorted(keys))
+        return {running}
+
+    early = NOW + ORPHANED_DISPATCH - timedelta(seconds=1)
+    assert release_orphaned_dispatches(store, runs_exist=runs_exist, now=early) == 0
+    assert asked == []  # nothing old enough: Dagster is not even asked
+    later = NOW + ORPHANED_DISPATCH + timedelta(seconds=1)
+    assert release_orphaned_dispatches(store, runs_exist=runs_exist, now=later) == 3
+    assert asked == [sorted([lost, running])]
+    assert store.handover_leads(lost) == [] and store.handover_leads(running) == ["domain-3"]
+    depths = store.queue_depths(now=later)["robust"]
+    assert (depths["ready"], depths["dispatched"]) == (3, 1)
+    rows = store.dispatch("robust", limit=3, now=later)
+    assert sorted(row.lead_id for row in rows) == ["domain-1", "domain-2", "domain-4"]
+    assert all(row.run_deaths == 0 for row in rows)  # no run died: nothing counts toward `crashed`
 
 
 @pytest.mark.parametrize(

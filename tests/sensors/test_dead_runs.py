@@ -61,3 +61,38 @@ def test_a_canceled_run_gives_its_leads_back_once(world) -> None:
     again = _tick(instance, cursor=None)  # read from the start again: nothing twice
     assert "1 requeued" in first.skip_reason.skip_message and "nothing owed" in again.skip_reason.skip_message
     assert store.queue_depths()["robust"]["ready"] == 1
+
+
+def test_rows_whose_run_was_never_created_go_back_and_those_of_a_live_run_stay(world) -> None:
+    from datetime import timedelta
+
+    from investigations.dispatch import ORPHANED_DISPATCH
+    from investigations.store import utcnow
+
+    store, instance = world
+    claimed = utcnow() - ORPHANED_DISPATCH - timedelta(seconds=5)  # by a tick the daemon died in
+    for lead, key in (("domain-orphan", "k-orphan"), ("domain-live", "k-live")):
+        store.enqueue([("robust", lead)], origin=f"inbox:{lead}", priority_class="interactive", now=claimed)
+        (row,) = store.dispatch("robust", limit=1, now=claimed)
+        store.assign_handover([row.id], handover_key=key)
+    instance.add_run(DagsterRun(job_name=job_name("robust"), status=DagsterRunStatus.NOT_STARTED,
+                                tags={HANDOVER_TAG: "k-live"}))
+    result = _tick(instance)
+    assert store.handover_leads("k-orphan") == [] and store.handover_leads("k-live") == ["domain-live"]
+    assert store.queue_depths()["robust"]["ready"] == 1
+    assert "1 dispatched collection(s) whose run was never created" in result.skip_reason.skip_message
+
+
+def test_a_failed_run_not_yet_marked_for_retry_or_not_keeps_its_leads_until_it_is(sandbox_env) -> None:
+    store = StateStore.from_url(f"sqlite:///{sandbox_env / 'state.db'}")
+    instance = DagsterInstance.ephemeral(settings={"run_retries": {"enabled": True}})
+    try:
+        _handed_over(store, "domain-1", "k-1")
+        run = _ended_run(instance, "k-1", DagsterRunStatus.FAILURE)  # the will_retry tag is not there yet
+        first = _tick(instance)
+        assert store.handover_leads("k-1") == ["domain-1"]
+        instance.add_run_tags(run.run_id, {"dagster/will_retry": "false"})
+        _tick(instance, cursor=first.cursor)
+        assert store.handover_leads("k-1") == [] and store.queue_depths()["robust"]["ready"] == 1
+    finally:
+        store.close()
