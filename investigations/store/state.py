@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, and_, case, delete, func, select, text
+from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, case, delete, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from investigations.events import FetchEvent
@@ -570,7 +570,7 @@ class StateStore:
         """Rows dispatched under these keys (since before `dispatched_before`) go back to the queue,
         ready now, no run death counted; rows a dispatch claimed without a key yet go back too."""
         q = s.collection_queue
-        orphaned = q.c.handover_key.is_(None)
+        orphaned: ColumnElement[bool] = q.c.handover_key.is_(None)
         if handover_keys:
             orphaned = orphaned | q.c.handover_key.in_(list(handover_keys))
         with self.engine.begin() as conn:
