@@ -270,7 +270,7 @@ class Collector:
         outcome = "ok" if written.records else "empty"
         now = self.now()
         # The file first, then its bookkeeping in one transaction: a crash between the two leaves the
-        # lead owed, and collecting it again finds the same records and leaves the file as it is.
+        # lead owed, and collecting it again stores the same records once (pointing at its capture).
         fields_in_all = common_fields(found)
         self.store.complete_collection(source=source, lead_id=lead_id, outcome=outcome, records=written.records,
                                        content_hash=written.content_hash, path=str(written.path), run_id=run_id,
