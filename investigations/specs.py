@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from investigations.leads import LEAD_KINDS, Lead, LeadError, normalize_lead
 from investigations.netguard import TargetAllowance, url_origin
 from investigations.redaction import register_secret
+from investigations.yamlkit import EnvMissing, UniqueKeyLoader, describe_errors, expand_env, merge_defaults
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _DURATION_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _URL_FIELDS = frozenset({"kind", "value", "lead_id"})
@@ -440,7 +440,7 @@ def load_sources(path: str | os.PathLike[str], env: Mapping[str, str] | None = N
 def parse_sources(text: str, *, origin: str = "sources.yaml", env: Mapping[str, str] | None = None) -> SourceCatalog:
     env = os.environ if env is None else env
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+        raw = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise SpecError(f"{origin}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict) or set(raw) - {"sources", "defaults"} or not isinstance(raw.get("sources"), list):
@@ -455,8 +455,8 @@ def parse_sources(text: str, *, origin: str = "sources.yaml", env: Mapping[str, 
         if not isinstance(entry, dict):
             raise SpecError(f"{origin}: source {label}: expected a mapping of settings")
         try:
-            entries.append(_expand_env(_merge(defaults, entry), env, path=(), secrets=secrets))
-        except _EnvMissing as exc:
+            entries.append(expand_env(merge_defaults(defaults, entry), env, path=(), secrets=secrets))
+        except EnvMissing as exc:
             raise SpecError(f"{origin}: source {label!r}: key {exc.key!r}: {exc}") from None
     problems = [_parse_block_problems(origin, entry) for entry in entries]
     if any(problems):
@@ -467,7 +467,8 @@ def parse_sources(text: str, *, origin: str = "sources.yaml", env: Mapping[str, 
     try:
         return SourceCatalog.model_validate({"sources": entries})
     except ValidationError as exc:
-        raise SpecError(_describe(origin, exc, entries)) from None
+        raise SpecError(describe_errors(origin, exc, entries, collection="sources", label="source",
+                                        name_key="name")) from None
 
 
 def _parse_block_problems(origin: str, entry: dict[str, Any]) -> list[str]:
@@ -485,99 +486,3 @@ def _parse_block_problems(origin: str, entry: dict[str, Any]) -> list[str]:
 def _problem(origin: str, entry: dict[str, Any], loc: list[Any], err: Any) -> str:
     message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
     return f"{origin}: source {entry.get('name', '?')!r}: key {'.'.join(map(str, loc))!r}: {message}"
-
-
-def _describe(origin: str, exc: ValidationError, entries: list[dict[str, Any]]) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = list(err["loc"])
-        where = origin
-        if len(loc) >= 2 and loc[0] == "sources" and isinstance(loc[1], int):
-            entry = entries[loc[1]] if loc[1] < len(entries) else {}
-            where += f": source {entry.get('name', f'#{loc[1] + 1}')!r}"
-            loc = loc[2:]
-        elif loc == ["sources"]:
-            loc = []
-        # Pydantic adds the union member's class name into the location; the user never wrote it.
-        keys = [str(p) for p in loc if not (isinstance(p, str) and p[:1].isupper())]
-        message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        lines.append(f"{where}: key {'.'.join(keys)!r}: {message}" if keys else f"{where}: {message}")
-    return "\n".join(dict.fromkeys(lines))
-
-
-def _merge(defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(defaults)
-    for key, value in entry.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-class _EnvMissing(KeyError):
-    def __init__(self, key: str, var: str) -> None:
-        super().__init__(var)
-        self.key = key
-        self.var = var
-
-    def __str__(self) -> str:
-        return f"environment variable {self.var} is not set and has no default"
-
-
-def _expand_env(value: Any, env: Mapping[str, str], path: tuple[str, ...], secrets: list[str] | None = None) -> Any:
-    """Expand `${VAR}` and `${VAR:-default}` in strings; secrets never need to live in the file.
-
-    Every value taken from the environment into a source's request is appended to `secrets` (if given)
-    (redacted by value wherever the fleet writes, whatever its place or name), except a base URL
-    that starts `request.url`: that is where the source is, not a key. Its password, if it has one,
-    is still a secret. A default written in the file is not a secret.
-    """
-    if isinstance(value, dict):
-        return {k: _expand_env(v, env, (*path, str(k)), secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_expand_env(v, env, path, secrets) for v in value]
-    if isinstance(value, str):
-
-        def sub(match: re.Match[str]) -> str:
-            var, default = match.group(1), match.group(2)
-            if var in env and env[var] != "":
-                found = env[var]
-                if secrets is not None and path[:1] == ("request",):
-                    if path == ("request", "url") and match.start() == 0:
-                        secrets.append(_url_password(found))
-                    else:
-                        secrets.append(found)
-                return found
-            if default is None:
-                raise _EnvMissing(".".join(path), var)
-            return default
-
-        return _ENV_REF.sub(sub, value)
-    return value
-
-
-def _url_password(url: str) -> str:
-    try:
-        return unquote(urlsplit(url).password or "")
-    except ValueError:
-        return url  # not a URL after all: keep all of it secret
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} appears twice", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)

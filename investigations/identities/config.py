@@ -42,7 +42,7 @@ from pydantic import (
 
 # The sources file's loader rules (duplicate keys refused, `${VAR}` / `${VAR:-default}` expansion,
 # nested defaults) apply unchanged here: one dialect of YAML for the whole fleet.
-from investigations.specs import _ENV_REF, _EnvMissing, _expand_env, _merge, _UniqueKeyLoader
+from investigations.yamlkit import ENV_REF, EnvMissing, UniqueKeyLoader, describe_errors, expand_env, merge_defaults
 
 DIRECT_ID = "direct"
 DIRECT_TIER = "direct"
@@ -254,7 +254,7 @@ def parse_identities(
 ) -> IdentityCatalog:
     env = os.environ if env is None else env
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+        raw = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise IdentityError(f"{origin}: not valid YAML: {exc}") from None
     allowed = {"tiers", "identities", "defaults", "fingerprints"}
@@ -282,10 +282,10 @@ def parse_identities(
         where = f"{origin}: identity {label!r}"
         if not isinstance(entry, dict):
             raise IdentityError(f"{where}: expected a mapping of settings")
-        merged = _merge(defaults, entry)
+        merged = merge_defaults(defaults, entry)
         try:
             expanded = _expand_entry(merged, env)
-        except _EnvMissing as exc:
+        except EnvMissing as exc:
             raise IdentityError(f"{where}: key {exc.key!r}: {exc}") from None
         except _LiteralSecret as exc:
             problems.append(f"{where}: key 'proxy_url': {exc}")
@@ -296,7 +296,7 @@ def parse_identities(
                 known = ", ".join(map(str, profiles)) or "none declared"
                 problems.append(f"{where}: key 'fingerprint': unknown profile {fingerprint!r} (profiles: {known})")
                 continue
-            expanded["fingerprint"] = _expand_env(profiles[fingerprint], env, ("fingerprint",))
+            expanded["fingerprint"] = expand_env(profiles[fingerprint], env, ("fingerprint",))
         if "tier" in expanded and expanded["tier"] not in tiers:
             problems.append(f"{where}: key 'tier': {expanded['tier']!r} is not one of tiers {tiers}")
             continue
@@ -306,7 +306,8 @@ def parse_identities(
     try:
         return IdentityCatalog.model_validate({"tiers": tiers, "identities": entries})
     except ValidationError as exc:
-        raise IdentityError(_describe(origin, exc, entries)) from None
+        raise IdentityError(describe_errors(origin, exc, entries, collection="identities", label="identity",
+                                            name_key="id")) from None
 
 
 class _LiteralSecret(ValueError):
@@ -315,7 +316,7 @@ class _LiteralSecret(ValueError):
 
 def _expand_entry(entry: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     proxy = entry.get("proxy_url")
-    rest = _expand_env({k: v for k, v in entry.items() if k != "proxy_url"}, env, ())
+    rest = expand_env({k: v for k, v in entry.items() if k != "proxy_url"}, env, ())
     if isinstance(proxy, str):
         rest["proxy_url"] = _expand_proxy_url(proxy, env)
     elif "proxy_url" in entry:
@@ -333,10 +334,10 @@ def _expand_proxy_url(raw: str, env: Mapping[str, str]) -> str:
     authority, slash, tail = remainder.partition("/")
     userinfo, at, host = authority.rpartition("@")
     if not sep or not at:
-        return str(_expand_env(raw, env, ("proxy_url",)))
+        return str(expand_env(raw, env, ("proxy_url",)))
     user, colon, password = userinfo.partition(":")
     secret = password if colon else user
-    ref = _ENV_REF.fullmatch(secret)
+    ref = ENV_REF.fullmatch(secret)
     if ref is None or ref.group(2):
         what = "password" if colon else "credential in the user part"
         raise _LiteralSecret(
@@ -345,26 +346,8 @@ def _expand_proxy_url(raw: str, env: Mapping[str, str]) -> str:
         )
 
     def expand(part: str) -> str:
-        return quote(str(_expand_env(part, env, ("proxy_url",))), safe="")
+        return quote(str(expand_env(part, env, ("proxy_url",))), safe="")
 
     userinfo = f"{expand(user)}:{expand(password)}" if colon else expand(user)
-    rest = str(_expand_env(f"{host}{slash}{tail}", env, ("proxy_url",)))
-    return f"{_expand_env(scheme, env, ('proxy_url',))}://{userinfo}@{rest}"
-
-
-def _describe(origin: str, exc: ValidationError, entries: list[dict[str, Any]]) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = list(err["loc"])
-        where = origin
-        if len(loc) >= 2 and loc[0] == "identities" and isinstance(loc[1], int):
-            entry = entries[loc[1]] if loc[1] < len(entries) else {}
-            where += f": identity {entry.get('id', f'#{loc[1] + 1}')!r}"
-            loc = loc[2:]
-        elif loc in (["identities"], []):
-            loc = []
-        message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        # Never echo a proxy URL back: it may hold an expanded password.
-        keys = ".".join(str(p) for p in loc)
-        lines.append(f"{where}: key {keys!r}: {message}" if keys else f"{where}: {message}")
-    return "\n".join(dict.fromkeys(lines))
+    rest = str(expand_env(f"{host}{slash}{tail}", env, ("proxy_url",)))
+    return f"{expand_env(scheme, env, ('proxy_url',))}://{userinfo}@{rest}"
