@@ -620,8 +620,8 @@ class StateStore:
     ) -> int:
         """The bookkeeping of a finished collection in one transaction: `record_collection` and
         `finish_dispatched` together, so a process killed after the records were written leaves
-        either both done or neither (the queue row still dispatched: the collection runs again and,
-        finding the same records, leaves the file as it is). Returns the queue rows closed."""
+        either both done or neither (the queue row still dispatched: the collection runs again and
+        stores the same records once). Returns the queue rows closed."""
         now = now or utcnow()
         with self.engine.begin() as conn:
             _record_collection(conn, source=source, lead_id=lead_id, outcome=outcome, records=records,
