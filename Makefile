@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-postgres soak bench clean
+.PHONY: run test test-postgres soak bench bench-product clean
 
 run: $(STAMP)
 	$(BIN)/investigations up
@@ -23,6 +23,12 @@ soak: $(STAMP)
 bench: $(STAMP)
 	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || { apt-get update -qq && apt-get install -y -qq nginx-light; }
 	$(BIN)/python -m bench
+
+# The product bench: the fleet as a user drives it (dagster-daemon, the CLI), each identity through its
+# own tinyproxy, against nginx's limit_req (per address and site-wide). About 8 minutes.
+bench-product: $(STAMP)
+	@{ command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; } && command -v tinyproxy >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nginx-light tinyproxy; }
+	$(BIN)/python -m bench.product
 
 # The virtualenv is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
