@@ -156,9 +156,7 @@ class RateLanes:
             slots = [self._take_slot(conn, lane, now) for lane in ordered]
             binding = max(slots, key=lambda slot: slot.send_at_s)
             send_at = binding.send_at_s
-            # Drawn at the slowest lane's scale: a delay sized to a fast source lane would leave a
-            # slow identity lane's own sends on a near-fixed grid (a site watches each address).
-            scale = max(slot.interval_s for slot in slots)
+            scale = delay_scale_s(slots, now)
             delay = self._sampler.send_delay_s(scale)
             planned = send_at + delay
             wait = planned - now
@@ -291,6 +289,21 @@ class RateLanes:
         # The burst tolerance lets a request go up to tau before its slot; Retry-After is a hard floor.
         return _Slot(lane=lane, start_s=start, gap_s=gap, interval_s=interval,
                      send_at_s=max(now, start - tau, not_before), recent_sends_s=_parse_sends(recent_sends))
+
+
+def delay_scale_s(slots: Sequence[_Slot], now: float) -> float:
+    """The interval a request's send delay is drawn at: the interval of the lane whose slot it waited
+    for. A slow identity lane that holds the request back gets delays on its own scale (sized to a
+    fast source lane they would leave that address's sends on a near-fixed grid, and a site watches
+    each address). A request no lane held back finds its slots open already: it comes late, by the
+    collection's own irregular work (a lease, the previous answer stored), and a delay on the slow
+    lane's scale would only be rate lost for good (an identity sends one request at a time, so its
+    next slot waits for this send), so it draws at the fastest lane's scale. The rhythm guard still
+    holds every address's gaps above its floor."""
+    binding = max(slots, key=lambda slot: slot.send_at_s)
+    if binding.send_at_s <= now:
+        return min(slot.interval_s for slot in slots)
+    return binding.interval_s
 
 
 def _parse_sends(text: str) -> tuple[float, ...]:
