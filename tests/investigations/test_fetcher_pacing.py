@@ -216,3 +216,16 @@ def test_a_process_s_background_requests_ask_a_booked_lane_one_at_a_time(sqlite_
     # One thread at a time asks, and again when the next slot comes near: about two questions per
     # request. Four threads each asking at every slot would ask about four times per request.
     assert len(asked) <= 2.5 * 24
+
+
+def test_a_background_request_that_waited_behind_others_does_not_think(sqlite_store) -> None:
+    time_ = FakeTime()
+    fetcher, lanes, sent = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 3)
+    source = spec(rate_per_s=2.0)
+    fetcher.fetch(source, REQUEST, lead_id="l1")
+    for _ in range(3):  # three other identities take the source's next slots
+        lanes.reserve([source_lane(source)], max_wait_s=60)
+    fetcher.fetch(source, REQUEST, lead_id="l1")  # waits ~3 intervals behind them
+    before = len(time_.slept)
+    fetcher.fetch(source, REQUEST, lead_id="l1", background=True)
+    assert len(time_.slept) == before + 1  # the lane wait only
