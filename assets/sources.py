@@ -1,8 +1,9 @@
 """One partitioned asset per source, built from its spec: the collection of a lead is a partition.
 
 A run collects one lead (interactive work) or a batch of leads (a partition range: recurring crawls
-and backfills), up to the source's concurrency at once. Each lead gets its own materialization and
-check result, so the UI shows per-lead state whichever way it was collected.
+and backfills), up to the source's concurrency at once (a batch: as many as its rate needs, see
+`run_threads`). Each lead gets its own materialization and check result, so the UI shows per-lead
+state whichever way it was collected.
 """
 
 import os
@@ -33,7 +34,7 @@ from dagster import (
 
 from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, source_asset_key
 from assets.partitions import leads_partitions
-from investigations.dispatch import batch_size
+from investigations.dispatch import batch_size, run_threads
 from investigations.collect import CollectionFailed, CollectionParked, CollectionResult
 from investigations.priority import BACKGROUND_NICENESS, HANDOVER_TAG, is_background
 from investigations.specs import SourceSpec
@@ -154,7 +155,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
             return
         lower_cpu_priority_if_background(context.run.tags)
         failures: list[CollectionFailed] = []
-        with ThreadPoolExecutor(max_workers=min(spec.concurrency, len(lead_ids)),
+        with ThreadPoolExecutor(max_workers=min(run_threads(spec, batch=len(lead_ids) > 1), len(lead_ids)),
                                 thread_name_prefix=f"collect-{spec.name}") as pool:
             # Reported as they come (in batch order), not at the end: a 90 s batch shows progress in
             # the UI, and a crash midway leaves what was stored materialized.

@@ -52,6 +52,7 @@ from bench.common import engine_digest, fmt, gap_cv, host_load, parse_args, prin
 from bench.fleet_process import BIN, ROOT, CpuSampler, Fleet, engine_subprocess, prepare_fleet, start_fleet
 from bench.nginx import Limiter, Nginx, NginxMissing
 from bench.proxies import Proxies, TinyproxyMissing
+from investigations.devfleet import stop_all
 
 NAME = "product"
 SOURCE = "robust"
@@ -179,6 +180,8 @@ def run_config(cfg: Config, args: Any, workdir: Path) -> dict[str, Any]:
             end_s = t0 + cfg.duration_s
             sleep_until(end_s, fleet)
             sampler.stop()
+            # Dagster first: a run still collecting while the sandbox goes would log its 502s as failures.
+            stop_all([fleet.procs.pop(name) for name in ("daemon", "intake")])
             fleet.stop()
             rows = nginx.client_rows(cfg.name)
             outgoing = dict(zip(proxies.outgoing, (f"proxy{n}" for n in range(args.identities)), strict=True))

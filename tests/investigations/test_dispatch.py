@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from assets.naming import job_name
 from investigations.leads import normalize_lead
 from investigations.pacing import Circuits, CircuitState
 from investigations.dispatch import (
+    BATCH_LEAD_S,
     MAX_RUN_DEATHS,
     background_runs_for,
     background_take,
@@ -24,6 +26,7 @@ from investigations.dispatch import (
     plan_dispatch,
     plan_recurring,
     release_dead_run,
+    run_threads,
     wanted_sources,
     window_of,
 )
@@ -153,6 +156,15 @@ def test_batches_are_sized_to_the_source_rate_and_capped(world) -> None:
     assert batch_size(catalog.get("robust")) == 900  # 90 s at 10/s
     capped = catalog.get("robust").model_copy(update={"batch_max_leads": 200})
     assert batch_size(capped) == 200
+
+
+def test_a_batch_run_has_the_threads_its_rate_needs_and_a_lead_s_run_its_concurrency(world) -> None:
+    catalog, _ = world
+    robust = catalog.get("robust")  # 10/s, concurrency 3
+    assert run_threads(robust, batch=False) == robust.concurrency
+    assert run_threads(robust, batch=True) == math.ceil(10 * BATCH_LEAD_S)
+    slow = _with_rate(robust, 0.5)
+    assert run_threads(slow, batch=True) == robust.concurrency  # never fewer than its concurrency
 
 
 def _with_rate(spec, source_per_s: float, **changes):
