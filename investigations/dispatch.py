@@ -41,7 +41,7 @@ RUN_OVERLAP_S = 15
 # The wall time one background collection takes at the lanes' pace on a busy 2-core machine: its
 # lease, lane wait and send delay, the answer, its records stored (bench.product measured about
 # 0.45 s through a forward proxy, of which the identity is held about two thirds).
-BATCH_LEAD_S = 0.6
+BATCH_LEAD_S = 0.5
 # A dispatched collection whose run never reported back goes back to the queue after this long (a
 # run that died is noticed much sooner, from Dagster's run records: see `release_dead_run`).
 STALE_DISPATCH = timedelta(minutes=30)
