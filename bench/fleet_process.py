@@ -382,15 +382,14 @@ def serve_sandbox(port: int, *, watch_prefix: str, seed: int = 7) -> None:
 
 def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict[str, Any]:
     """Collect `plan[source]` fresh leads per source, all sources at once, each with its own pool of
-    a batch run's threads (`run_threads`) sharing one `Collector` (as one batch run of the source
-    does), paced by the same rate lanes and circuits as the fleet, and sent as identities leased
-    from the fleet's pool when `INVESTIGATIONS_IDENTITIES` names a file (as the fleet's resource
-    does). CPU is this process's own (all threads) during the collections only: imports and setup
+    `concurrency` threads sharing one `Collector` (as one run of the source does), paced by the
+    same rate lanes and circuits as the fleet, and sent as identities leased from the fleet's pool
+    when `INVESTIGATIONS_IDENTITIES` names a file (as the fleet's resource does). CPU is this
+    process's own (all threads) during the collections only: imports and setup
     are left out, as a long-running fleet pays them once."""
     from investigations.catalog import load_catalog
     from investigations.collect import CollectionFailed, CollectionParked, Collector
     from investigations.config import Settings
-    from investigations.dispatch import run_threads
     from investigations.fetcher import Fetcher
     from investigations.identities import CookieStore, HealthPolicy, IdentityPool, load_identities
     from investigations.leads import normalize_lead
@@ -441,7 +440,7 @@ def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict
         fetchers.append(fetcher)
         collector = Collector(catalog=catalog, store=store, records=records, fetcher=fetcher,
                               circuits=Circuits(store))
-        pool = ThreadPoolExecutor(max_workers=run_threads(spec, batch=True), thread_name_prefix=f"engine-{source}")
+        pool = ThreadPoolExecutor(max_workers=spec.concurrency, thread_name_prefix=f"engine-{source}")
         pools.append(pool)
         for lead_id in lead_ids:
             pool.submit(one, source, collector, lead_id)
