@@ -5,50 +5,39 @@ and backfills), up to the source's concurrency at once. Each lead gets its own m
 check result, so the UI shows per-lead state whichever way it was collected.
 """
 
-import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 
 from dagster import (
     AssetCheckEvaluation,
-    AssetCheckKey,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
-    AssetRecordsFilter,
     AssetsDefinition,
     AssetSpec,
-    BackfillPolicy,
     Backoff,
+    BackfillPolicy,
     Failure,
+    FreshnessPolicy,
     Jitter,
     MetadataValue,
-    Output,
     PreviewWarning,
     RetryPolicy,
     multi_asset,
 )
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData,
-)
-from dagster._core.instance import DagsterInstance
 
 from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, source_asset_key
 from assets.partitions import leads_partitions
-from investigations.collect import CollectionFailed, CollectionParked, CollectionResult
-from investigations.cost import collection_cost_usd, identity_prices, over_budget, spend_today
-from investigations.degradation import BASELINE_COLLECTIONS, Verdict, answer_verdict
 from investigations.dispatch import batch_size
+from investigations.collect import CollectionFailed, CollectionParked, CollectionResult
 from investigations.priority import BACKGROUND_NICENESS, HANDOVER_TAG, is_background
 from investigations.specs import SourceSpec
-from investigations.store import StateStore
-from investigations.store.state import utcnow
 from resources.fleet import FleetResource
-
 
 def retry_policy_for(spec: SourceSpec) -> RetryPolicy:
     """Step retries for crashes; request retries happen inside the fetcher and are not repeated here."""
@@ -65,103 +54,38 @@ def backfill_policy_for(spec: SourceSpec) -> BackfillPolicy:
     return BackfillPolicy.multi_run(max_partitions_per_run=batch_size(spec))
 
 
-def verdict_metadata(verdict: Verdict, sample_keys: list[str] | None = None) -> dict[str, object]:
-    """A verdict as check metadata: the observed value, the threshold, examples and the details."""
-    metadata: dict[str, object] = {"observed": verdict.observed, "threshold": verdict.threshold,
-                                   "examples": MetadataValue.json(verdict.examples), **verdict.details}
-    if sample_keys is not None:
-        metadata["sample_record_keys"] = MetadataValue.json(sample_keys)
-    return metadata
-
-
-def severity_of(verdict: Verdict) -> AssetCheckSeverity:
-    return AssetCheckSeverity.ERROR if verdict.severity == "error" else AssetCheckSeverity.WARN
-
-
-def empty_check(
-    spec: SourceSpec,
-    lead_id: str,
-    verdict: Verdict,
-    sample_keys: list[str],
-    target: AssetCheckEvaluationTargetMaterializationData | None = None,
-) -> AssetCheckEvaluation:
-    """The lead's answer judged (see `investigations.degradation.answer_verdict`): ERROR when the
-    source gave fewer records than its fixed minimum, WARN when short of its own recent median or
-    missing fields its answers always had.
+def empty_check(spec: SourceSpec, lead_id: str, records: int, sample_keys: list[str]) -> AssetCheckEvaluation:
+    """Fail (ERROR) when the source answered but gave fewer records than it is expected to.
 
     A source that starts answering 200 with nothing in it looks healthy on every status code; this
-    is the check that keeps such an answer from being trusted. `target` is the materialization the
-    result judges: Dagster counts a partition's check result as current only when it names the
-    partition's latest materialization (otherwise the Partitions tab shows it as missing).
+    is the check that keeps such an answer from being trusted.
     """
+    passed = records >= spec.expected_min_records
     return AssetCheckEvaluation(
         asset_key=source_asset_key(spec.name),
         check_name=EMPTY_CHECK_NAME,
-        passed=verdict.passed,
-        severity=severity_of(verdict),
+        passed=passed,
+        severity=AssetCheckSeverity.ERROR,
         partition=lead_id,
-        target_materialization_data=target,
-        description=f"{spec.name} {verdict.description}",
-        metadata=verdict_metadata(verdict, sample_keys),
+        description=None if passed else (
+            f"{spec.name} answered with {records} record(s); at least {spec.expected_min_records} expected. "
+            "The source may be silently empty or blocking."
+        ),
+        metadata={
+            "records": records,
+            "expected_min_records": spec.expected_min_records,
+            "sample_record_keys": MetadataValue.json(sample_keys),
+        },
     )
 
 
-class Baselines:
-    """The source's recent answers per lead kind, read once per run and kind (not per lead)."""
-
-    def __init__(self, store: StateStore, spec: SourceSpec) -> None:
-        self._store, self._spec = store, spec
-        self._by_kind: dict[str, tuple[list[int], list[list[str] | None]]] = {}
-
-    def judge(self, lead_id: str, kind: str, records: int, fields: list[str]) -> Verdict:
-        if kind not in self._by_kind:
-            recent = self._store.recent_collections(self._spec.name, kind=kind, limit=BASELINE_COLLECTIONS,
-                                                    exclude=[lead_id])
-            self._by_kind[kind] = ([n for n, _ in recent], [f for _, f in recent])
-        counts, field_lists = self._by_kind[kind]
-        return answer_verdict(records=records, expected_min=self._spec.expected_min_records, baseline=counts,
-                              fields=fields, baseline_fields=field_lists)
-
-
-def latest_materialization(
-    instance: DagsterInstance, key: AssetKey, lead_id: str
-) -> AssetCheckEvaluationTargetMaterializationData | None:
-    """The partition's latest materialization, as a check result names its target (one indexed query).
-
-    This is what Dagster's own `AssetCheckResult` looks up for a single-partition step; a batch run
-    covers a partition range, for which Dagster has no per-partition check result, so the asset
-    builds each lead's evaluation itself and names its target the same way.
-    """
-    found = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=key, asset_partitions=[lead_id]), limit=1
-    ).records
-    if not found:
-        return None
-    record = found[0]
-    return AssetCheckEvaluationTargetMaterializationData(
-        run_id=record.event_log_entry.run_id, storage_id=record.storage_id, timestamp=record.timestamp
-    )
-
-
-def materialization(spec: SourceSpec, result: CollectionResult, *, cost_usd: float | None = None,
-                    over_budget: bool = False) -> AssetMaterialization:
-    extra: dict[str, object] = {}
-    if cost_usd is not None:
-        extra["cost_usd"] = round(cost_usd, 6)
-    if over_budget:
-        # Interactive work still runs past the budget; this says it did.
-        extra["over_budget"] = True
+def materialization(spec: SourceSpec, result: CollectionResult) -> AssetMaterialization:
     return AssetMaterialization(
         asset_key=source_asset_key(spec.name),
         partition=result.lead_id,
         metadata={
-            # Dagster's own name for it: the catalog and the asset page show it as the row count.
-            "dagster/row_count": result.records,
             "records": result.records,
             "outcome": result.outcome,
-            # What the partition key (a hash) stands for, so an investigator finds the lead in the UI.
-            "lead_kind": result.lead_kind,
-            "lead_value": result.lead_value,
             "changed": result.changed,
             "requests": result.requests,
             "path": MetadataValue.path(result.path),
@@ -169,7 +93,6 @@ def materialization(spec: SourceSpec, result: CollectionResult, *, cost_usd: flo
             # Who the requests went out as: ids only, never a proxy URL or credential.
             "identity_ids": MetadataValue.json(result.identity_ids),
             "lease_ids": MetadataValue.json(result.lease_ids),
-            **extra,
         },
     )
 
@@ -190,7 +113,6 @@ def _empty_check_spec(spec: SourceSpec, key: AssetKey) -> AssetCheckSpec:
 def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
     """The partitioned asset collecting `spec`, one lead per partition."""
     key = source_asset_key(spec.name)
-    check_key = AssetCheckKey(key, EMPTY_CHECK_NAME)
 
     # A multi_asset of one spec because it may end without materializing (a parked collection is
     # not a failure) and its check may run alone against what is stored (can_subset).
@@ -203,6 +125,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 kinds={"parquet"},
                 skippable=True,
                 partitions_def=leads_partitions,
+                freshness_policy=freshness_policy_for(spec),
                 description=spec.description or f"Records collected from {spec.name}, one partition per lead.",
                 tags={"investigations/source": spec.name},
                 metadata={
@@ -223,29 +146,12 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
     )
     def _collect(context: AssetExecutionContext, fleet: FleetResource) -> Iterator:
         lead_ids = batch_members(context, fleet)
-        check_selected = check_key in context.selected_asset_check_keys
-        if check_selected:
-            # The check's output, once per step: Dagster expects it of every step the check is
-            # selected in; the evaluations below carry the results, one per lead.
-            yield Output(None, output_name=context.assets_def.get_output_name_for_asset_check_key(check_key))
         if key not in context.selected_asset_keys:
             # The check alone: judge what is stored, without asking the source again.
-            baselines = Baselines(fleet.store, spec)
             for lead_id in lead_ids:
                 stored = fleet.store.collection(spec.name, lead_id)
-                lead = fleet.store.get_lead(lead_id)
-                fields = json.loads(stored.common_fields) if stored and stored.common_fields else []
-                verdict = baselines.judge(lead_id, lead.kind if lead else "", stored.records if stored else 0, fields)
-                yield empty_check(spec, lead_id, verdict, [], latest_materialization(context.instance, key, lead_id))
+                yield empty_check(spec, lead_id, stored.records if stored else 0, [])
             return
-        if not lead_ids:
-            # A retry of a run killed after it stored everything it was handed: nothing is owed.
-            context.log.info("nothing left to collect: every lead of this handover is stored, parked or handed on")
-            return
-        baselines = Baselines(fleet.store, spec)
-        prices = identity_prices(fleet.store)
-        spent = spend_today(fleet.store, fleet.catalog, now=utcnow()).get(spec.name, 0.0)
-        past_budget = over_budget(spec, spent) is not None
         lower_cpu_priority_if_background(context.run.tags)
         failures: list[CollectionFailed] = []
         with ThreadPoolExecutor(max_workers=min(spec.concurrency, len(lead_ids)),
@@ -255,17 +161,10 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
             background = is_background(context.run.tags)
             outcomes = pool.map(lambda lead: _collect_one(fleet, spec, lead, context.run.run_id, background), lead_ids)
             try:
-                for lead_id, outcome in zip(lead_ids, outcomes, strict=True):
+                for lead_id, outcome in zip(lead_ids, outcomes):
                     if isinstance(outcome, CollectionResult):
-                        # Stored in the event log before the generator resumes, so its id is known.
-                        cost = collection_cost_usd(fleet.store, spec, lead_id=lead_id, run_id=context.run.run_id,
-                                                   prices=prices)
-                        yield materialization(spec, outcome, cost_usd=cost, over_budget=past_budget)
-                        if check_selected:
-                            verdict = baselines.judge(lead_id, outcome.lead_kind, outcome.records,
-                                                      outcome.common_fields)
-                            yield empty_check(spec, lead_id, verdict, outcome.sample_keys,
-                                              latest_materialization(context.instance, key, lead_id))
+                        yield materialization(spec, outcome)
+                        yield empty_check(spec, lead_id, outcome.records, outcome.sample_keys)
                     elif isinstance(outcome, CollectionParked):
                         context.log.warning(f"{outcome}; back in the queue")
                     else:
@@ -313,6 +212,12 @@ def batch_members(context: AssetExecutionContext, fleet: FleetResource) -> list[
         return partitions
     in_range = set(partitions)
     return [lead for lead in fleet.store.handover_leads(handover) if lead in in_range]
+
+
+def freshness_policy_for(spec: SourceSpec) -> FreshnessPolicy:
+    """Warn when a source's newest collection is older than its cadence, fail at twice that."""
+    cadence = timedelta(seconds=spec.recrawl_every_s)
+    return FreshnessPolicy.time_window(fail_window=2 * cadence, warn_window=cadence)
 
 
 def _collect_one(

@@ -4,8 +4,6 @@ Every wanted collection lives in the fleet's backlog (`collection_queue`); Dagst
 bounded amount of it. One pass decides, per source and in this order:
 
 1. the circuit: a resting source hands over nothing, and after its rest one collection, the probe;
-   the budget: a source whose spend today reached its `daily_budget_usd` hands over no background
-   work (see `investigations.cost`), interactive work still goes;
 2. interactive work: one run per lead (an investigator is waiting), within the source's
    `max_in_flight`, bounded apart from background work so a full background backlog never holds a
    fresh lead back;
@@ -28,7 +26,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from investigations.collect import LEASE_WAIT_S, lease_ttl_s
-from investigations.cost import over_budget, spend_today
 from investigations.pacing import Circuits, jittered_start_s
 from investigations.priority import PriorityClass
 from investigations.specs import SourceCatalog, SourceSpec
@@ -44,10 +41,6 @@ RUN_OVERLAP_S = 15
 # A dispatched collection whose run never reported back goes back to the queue after this long (a
 # run that died is noticed much sooner, from Dagster's run records: see `release_dead_run`).
 STALE_DISPATCH = timedelta(minutes=30)
-# A dispatched row whose handover has no run this long after it was claimed was lost between the
-# sensor's claim and the run's creation (the daemon or the code server died during the tick, whose
-# evaluation may last 60 s): it goes back to the queue, no run death counted.
-ORPHANED_DISPATCH = timedelta(minutes=2)
 # A collection whose runs died this many times without collecting it becomes a dead letter
 # (`crashed`): a lead that kills its run worker must not loop forever.
 MAX_RUN_DEATHS = 3
@@ -144,7 +137,7 @@ def wanted_sources(item: InboxItem, catalog: SourceCatalog) -> tuple[list[str], 
 
 def ingest(store: StateStore, items: Sequence[InboxItem], catalog: SourceCatalog) -> tuple[int, list[str]]:
     """Queue every inbox row once per wanted source (idempotent by inbox row)."""
-    queued, notes = 0, list[str]()
+    queued, notes = 0, []
     for item in items:
         names, skipped = wanted_sources(item, catalog)
         queued += store.enqueue(
@@ -230,17 +223,10 @@ def plan_dispatch(
     store.release_stale_dispatches(older_than=now - STALE_DISPATCH)
     depths = store.queue_depths(now=now)
     plan = DispatchPlan()
-    budget = _BudgetGate(store, catalog, now=now)
     for spec in catalog.sources:
         depth = depths.get(spec.name)
         if not depth or not (depth["ready"] if background else depth["ready_interactive"]):
             continue
-        background_ready = depth["ready"] - depth["ready_interactive"] if background else 0
-        if background_ready and (held := budget.reason(spec)):
-            plan.reasons.append(f"{spec.name}: {held}; {background_ready} background collections wait in the backlog")
-            background_ready = 0
-            if not depth["ready_interactive"]:
-                continue
         gate = circuit_gate(circuits, spec.name, now_s=now.timestamp())
         if gate.reason:
             plan.reasons.append(gate.reason)
@@ -250,7 +236,7 @@ def plan_dispatch(
         if gate.room is not None:  # the probe: one collection at a time, whatever its class
             limit = min(gate.room - depth["dispatched"], 1, runs_left)
             probe = store.dispatch(spec.name, limit=limit, now=now,
-                                   classes=None if background_ready else [PriorityClass.INTERACTIVE.value])
+                                   classes=None if background else [PriorityClass.INTERACTIVE.value])
             plan.handovers.extend(batches(spec, probe, order))
             continue
         rows = store.dispatch(spec.name, limit=min(spec.max_in_flight - depth["dispatched_interactive"], runs_left),
@@ -260,6 +246,7 @@ def plan_dispatch(
                 f"{spec.name}: {depth['dispatched_interactive'] + len(rows)} interactive collections in flight "
                 f"(max_in_flight {spec.max_in_flight}); {depth['ready_interactive'] - len(rows)} wait in the backlog"
             )
+        background_ready = depth["ready"] - depth["ready_interactive"] if background else 0
         handed: list[QueuedCollection] = []
         if background_ready:
             in_flight = depth["dispatched"] - depth["dispatched_interactive"]
@@ -279,23 +266,6 @@ def plan_dispatch(
     return plan
 
 
-class _BudgetGate:
-    """The budget rule for one planning pass: today's spend is read once, and only when a source
-    with a budget has background work to judge (most passes have none)."""
-
-    def __init__(self, store: StateStore, catalog: SourceCatalog, *, now: datetime) -> None:
-        self._store, self._catalog, self._now = store, catalog, now
-        self._spent: dict[str, float] | None = None
-
-    def reason(self, spec: SourceSpec) -> str | None:
-        """Why `spec` gets no background work now (its budget is spent), or None."""
-        if spec.daily_budget_usd <= 0:
-            return None
-        if self._spent is None:
-            self._spent = spend_today(self._store, self._catalog, now=self._now)
-        return over_budget(spec, self._spent.get(spec.name, 0.0))
-
-
 # Leads queued per source per tick; the rest are picked up on the next ticks, stalest first.
 MAX_DUE_PER_SOURCE = 500
 # A source whose backlog holds this many times its max_in_flight is not given more recurring work.
@@ -313,7 +283,6 @@ class RecurringPlan:
     due: int
     queued: int
     skipped: str | None = None
-    canaries: int = 0  # canary leads queued for this window
 
 
 def window_of(spec: SourceSpec, now: datetime) -> int:
@@ -327,16 +296,12 @@ def plan_recurring(
     """Queue every source's due monitored leads for this window; return what was done and skipped."""
     now = now or utcnow()
     depths = store.queue_depths(now=now)
-    budget = _BudgetGate(store, catalog, now=now)
     plans = []
     for spec in catalog.sources:
         window = window_of(spec, now)
         gate = circuit_gate(circuits, spec.name, now_s=now.timestamp())
         if not gate.closed:
             plans.append(RecurringPlan(spec.name, window, 0, 0, f"circuit {gate.state}"))
-            continue
-        if held := budget.reason(spec):
-            plans.append(RecurringPlan(spec.name, window, 0, 0, held))
             continue
         depth = depths.get(spec.name, {})
         backlog = sum(depth.values())
@@ -351,25 +316,8 @@ def plan_recurring(
                                                          rng=rng, spread=START_SPREAD))
         queued = store.enqueue([(spec.name, lead) for lead in due], origin=f"recurring:{window}",
                                priority_class=PriorityClass.RECURRING.value, not_before=start, now=now)
-        canaries = queue_canaries(store, spec, window=window, not_before=start, now=now)
-        plans.append(RecurringPlan(spec.name, window, len(due), queued, canaries=canaries))
+        plans.append(RecurringPlan(spec.name, window, len(due), queued))
     return plans
-
-
-def queue_canaries(store: StateStore, spec: SourceSpec, *, window: int, not_before: datetime, now: datetime) -> int:
-    """Queue the source's canary leads not collected within its cadence (registering them first:
-    a canary belongs to no case, so no other source monitors it). Returns how many were queued."""
-    if not spec.canaries:
-        return 0
-    leads = [canary.lead for canary in spec.canaries]
-    for lead in leads:
-        store.add_lead(lead, now=now)
-    older_than = now - timedelta(seconds=spec.recrawl_every_s)
-    waiting = store.pending_leads(spec.name, [lead.id for lead in leads])
-    due = [lead.id for lead in leads if lead.id not in waiting
-           and ((done := store.collection(spec.name, lead.id)) is None or done.last_attempt_at < older_than)]
-    return store.enqueue([(spec.name, lead_id) for lead_id in due], origin=f"canary:{window}",
-                         priority_class=PriorityClass.RECURRING.value, not_before=not_before, now=now)
 
 
 def max_runtime_s(spec: SourceSpec, leads: int) -> int:
@@ -399,20 +347,6 @@ def release_dead_run(store: StateStore, handover_key: str, *, why: str, now: dat
                               last_error=f"{row.run_deaths + 1} run(s) ended without collecting it; last: {why}", now=now)
         store.finish_dispatched(row.source, row.lead_id, outcome="failed", now=now)
     return requeued, spent
-
-
-def release_orphaned_dispatches(store: StateStore, *, runs_exist: Callable[[Sequence[str]], set[str]],
-                                now: datetime | None = None) -> int:
-    """Rows a dispatch pass claimed whose run was never created go back to the queue once
-    ORPHANED_DISPATCH has passed, instead of after STALE_DISPATCH: a tick that claimed rows and died
-    before its run requests reached Dagster (the daemon or the code server killed mid-tick) leaves
-    them dispatched under a handover no run carries. `runs_exist(keys)` answers which of these
-    handover keys a run (or a retry of one) carries; the caller reads Dagster's run records. A run
-    that turns up later under a released key finds nothing owed (its rows are no longer under it)."""
-    cutoff = (now or utcnow()) - ORPHANED_DISPATCH
-    keys = store.dispatched_handovers(dispatched_before=cutoff)
-    alive = runs_exist(keys) if keys else set()
-    return store.release_handovers([key for key in keys if key not in alive], dispatched_before=cutoff)
 
 
 def order_from(positions: Mapping[str, int]) -> Callable[[str], int]:

@@ -6,12 +6,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
 from assets.naming import job_name
+from investigations.leads import normalize_lead
+from investigations.pacing import Circuits, CircuitState
 from investigations.dispatch import (
     MAX_RUN_DEATHS,
-    ORPHANED_DISPATCH,
     background_runs_for,
     background_take,
     batch_size,
@@ -22,12 +24,9 @@ from investigations.dispatch import (
     plan_dispatch,
     plan_recurring,
     release_dead_run,
-    release_orphaned_dispatches,
     wanted_sources,
     window_of,
 )
-from investigations.leads import normalize_lead
-from investigations.pacing import Circuits, CircuitState
 from investigations.priority import PriorityClass, run_tags
 from investigations.specs import load_sources
 from investigations.store import InboxItem, StateStore
@@ -102,11 +101,10 @@ def test_recurring_start_times_are_jittered_within_the_window(world) -> None:
     catalog, store = world
     lead = _lead(store, "due.example")
     _collected(store, lead, hours_ago=7)
-    plan = {p.source: p for p in plan_recurring(store, catalog, now=NOW)}["robust"]
-    queued = plan.queued + plan.canaries  # the lead and robust's canary
+    plan_recurring(store, catalog, now=NOW)
     depth = store.queue_depths(now=NOW)["robust"]
-    assert depth["waiting"] == queued == 2 and depth["ready"] == 0  # starts a little later, not on the tick
-    assert store.queue_depths(now=NOW + timedelta(minutes=10))["robust"]["ready"] == queued
+    assert depth["waiting"] == 1 and depth["ready"] == 0  # starts a little later, not on the tick
+    assert store.queue_depths(now=NOW + timedelta(minutes=10))["robust"]["ready"] == 1
 
 
 def test_a_resting_source_and_a_full_backlog_are_skipped_with_a_reason(world) -> None:
@@ -354,33 +352,6 @@ def test_a_lead_whose_runs_keep_dying_becomes_a_crashed_dead_letter(world) -> No
     assert store.queue_depths(now=NOW).get("robust", {}).get("ready", 0) == 0
 
 
-def test_rows_claimed_by_a_tick_whose_run_was_never_created_go_back_after_the_orphan_delay(world) -> None:
-    """The daemon killed between a tick's claim and the run's creation: no run carries the handover."""
-    _, store = world
-    lost = _handed_over(store, ["domain-1", "domain-2"], key="robust:batch:lost")
-    running = _handed_over(store, ["domain-3"], key="robust:domain-3:q3:d1")
-    store.enqueue([("robust", "domain-4")], origin="inbox:9", priority_class="interactive", now=NOW)
-    store.dispatch("robust", limit=1, now=NOW)  # claimed, killed before its handover was named
-    asked: list[list[str]] = []
-
-    def runs_exist(keys):
-        asked.append(sorted(keys))
-        return {running}
-
-    early = NOW + ORPHANED_DISPATCH - timedelta(seconds=1)
-    assert release_orphaned_dispatches(store, runs_exist=runs_exist, now=early) == 0
-    assert asked == []  # nothing old enough: Dagster is not even asked
-    later = NOW + ORPHANED_DISPATCH + timedelta(seconds=1)
-    assert release_orphaned_dispatches(store, runs_exist=runs_exist, now=later) == 3
-    assert asked == [sorted([lost, running])]
-    assert store.handover_leads(lost) == [] and store.handover_leads(running) == ["domain-3"]
-    depths = store.queue_depths(now=later)["robust"]
-    assert (depths["ready"], depths["dispatched"]) == (3, 1)
-    rows = store.dispatch("robust", limit=3, now=later)
-    assert sorted(row.lead_id for row in rows) == ["domain-1", "domain-2", "domain-4"]
-    assert all(row.run_deaths == 0 for row in rows)  # no run died: nothing counts toward `crashed`
-
-
 @pytest.mark.parametrize(
     ("source_per_s", "leads", "at_least_s", "at_most_s"),
     [
@@ -394,21 +365,3 @@ def test_a_run_s_max_runtime_covers_its_leads_at_the_slowest_throttled_rate(
 ) -> None:
     catalog, _ = world
     assert at_least_s <= max_runtime_s(_with_rate(catalog.get("robust"), source_per_s), leads) <= at_most_s
-
-
-def test_a_source_s_canaries_are_registered_and_queued_once_per_cadence_window(world) -> None:
-    catalog, store = world
-    robust = catalog.get("robust")
-    canary = robust.canaries[0].lead
-    first = {p.source: p for p in plan_recurring(store, catalog, now=NOW)}
-    assert first["robust"].canaries == 1 and first["fragile"].canaries == 0  # fragile names none
-    assert store.get_lead(canary.id) == canary
-    again = {p.source: p for p in plan_recurring(store, catalog, now=NOW + timedelta(minutes=5))}
-    assert again["robust"].canaries == 0  # still waiting in the backlog
-    (row,) = [r for r in store.dispatch("robust", limit=10, now=NOW + timedelta(hours=1))]
-    assert (row.lead_id, row.origin, row.priority_class) == (canary.id, f"canary:{window_of(robust, NOW)}", "recurring")
-    _collected(store, canary.id, hours_ago=0)
-    store.finish_dispatched("robust", canary.id, outcome="ok")
-    assert {p.source: p for p in plan_recurring(store, catalog, now=NOW + timedelta(hours=1))}["robust"].canaries == 0
-    later = NOW + timedelta(seconds=robust.recrawl_every_s + 60)
-    assert {p.source: p for p in plan_recurring(store, catalog, now=later)}["robust"].canaries == 1
