@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint test-postgres soak bench faults clean
+.PHONY: run test lint test-postgres soak bench bench-product faults clean
 
 run: $(STAMP)
 	$(BIN)/investigations up
@@ -34,6 +34,12 @@ bench: $(STAMP)
 # (bench/README.md; FAULTS_ARGS="--leads 300 --kills 12 --backend sqlite" for a shorter run).
 faults: $(STAMP)
 	$(BIN)/python -m bench.faults $(FAULTS_ARGS)
+
+# The product bench: the fleet as a user drives it (dagster-daemon, the CLI), each identity through its
+# own tinyproxy, against nginx's limit_req (per address and site-wide). About 8 minutes.
+bench-product: $(STAMP)
+	@{ command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; } && command -v tinyproxy >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nginx-light tinyproxy; }
+	$(BIN)/python -m bench.product
 
 # The virtualenv is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml

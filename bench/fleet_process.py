@@ -4,7 +4,9 @@ Used by `bench.urgent`; anything that needs the whole fleet (Dagster and all) ca
 
 - `start_fleet(...)` starts, as `make run` does, the sandbox web, the webhook intake and `dagster dev`
   (webserver, daemon, one shared code server; run workers are children of the code server), each in
-  a session of its own, in temp dirs with free loopback ports. `Fleet.stop()` ends them by group.
+  a session of its own, in temp dirs with free loopback ports; or `dagster-daemon` alone (`daemon`:
+  run queue, sensors, its code server and run workers, no webserver), as a deployment runs it.
+  `Fleet.stop()` ends them by group.
 - `CpuSampler` reads `/proc/<pid>/stat` of every process under given roots, every `interval_s`.
 - `python -m bench.fleet_process sandbox ...`: the sandbox web in its own process (so its CPU is its
   own), with a middleware that notes when the first request for each watched lead value arrived.
@@ -34,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
+
+from investigations.devfleet import DAGSTER_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -282,6 +286,7 @@ def prepare_fleet(base: Path, *, dagster_yaml: str, sources_yaml: str, workspace
         "INVESTIGATIONS_UI_PORT": str(ui_port),
         "BENCH_WORKSPACE": str(workspace),
         "BENCH_WATCH_PREFIX": watch_prefix,
+        **DAGSTER_ENV,  # as `make run` sets them
     }
     return Fleet(base=base, env=env, sandbox_url=env["INVESTIGATIONS_SANDBOX_URL"],
                  intake_url=f"http://127.0.0.1:{intake_port}", ui_url=f"http://127.0.0.1:{ui_port}",
@@ -292,7 +297,9 @@ def start_fleet(fleet: Fleet, *, timeout_s: float = START_TIMEOUT_S,
                 services: Sequence[str] = ("sandbox", "intake", "dagster")) -> None:
     """Sandbox, intake and `dagster dev`, each in its own session; return once all three answer.
 
-    `services` picks some of them (the sandbox alone, say, for the engine-only measurement).
+    `services` picks some of them (the sandbox alone, say, for the engine-only measurement), or adds
+    `daemon`: `dagster-daemon run` on the workspace instead of `dagster dev` (no HTTP port: whoever
+    starts it watches its work arrive).
 
     Dagster's storage must exist before this (create the `DagsterInstance` first: processes that
     create the same SQLite storage at once can leave it with two schema heads). On failure every
@@ -308,6 +315,7 @@ def start_fleet(fleet: Fleet, *, timeout_s: float = START_TIMEOUT_S,
         "intake": [str(BIN / "investigations"), "intake"],
         "dagster": [str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", env["INVESTIGATIONS_UI_PORT"],
                     "-w", env["BENCH_WORKSPACE"]],
+        "daemon": [str(BIN / "dagster-daemon"), "run", "-w", env["BENCH_WORKSPACE"]],
     }
     commands = {name: cmd for name, cmd in commands.items() if name in services}
     urls = {"sandbox": f"{fleet.sandbox_url}/healthz", "intake": f"{fleet.intake_url}/healthz",
@@ -319,7 +327,8 @@ def start_fleet(fleet: Fleet, *, timeout_s: float = START_TIMEOUT_S,
                                                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         procs = list(fleet.procs.values())
         for name in commands:
-            wait_http(urls[name], timeout_s=timeout_s, procs=procs)
+            if name in urls:
+                wait_http(urls[name], timeout_s=timeout_s, procs=procs)
     except BaseException:
         fleet.stop()
         raise
@@ -373,13 +382,16 @@ def serve_sandbox(port: int, *, watch_prefix: str, seed: int = 7) -> None:
 
 def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict[str, Any]:
     """Collect `plan[source]` fresh leads per source, all sources at once, each with its own pool of
-    `concurrency` threads sharing one `Collector` (as one run of the source does), paced by the same
-    rate lanes and circuits as the fleet. CPU is this process's own (all threads) during the
-    collections only: imports and setup are left out, as a long-running fleet pays them once."""
+    `concurrency` threads sharing one `Collector` (as one run of the source does), paced by the
+    same rate lanes and circuits as the fleet, and sent as identities leased from the fleet's pool
+    when `INVESTIGATIONS_IDENTITIES` names a file (as the fleet's resource does). CPU is this
+    process's own (all threads) during the collections only: imports and setup
+    are left out, as a long-running fleet pays them once."""
     from investigations.catalog import load_catalog
     from investigations.collect import CollectionFailed, CollectionParked, Collector
     from investigations.config import Settings
     from investigations.fetcher import Fetcher
+    from investigations.identities import CookieStore, HealthPolicy, IdentityPool, load_identities
     from investigations.leads import normalize_lead
     from investigations.pacing import Circuits, GapSampler, RateLanes
     from investigations.records import RecordStore
@@ -413,12 +425,18 @@ def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict
         with lock:
             outcomes[source][outcome] = outcomes[source].get(outcome, 0) + 1
 
+    identity_pool = cookies = None
+    if settings.identities_path is not None:
+        identity_pool = IdentityPool(store, load_identities(settings.identities_path), policy=HealthPolicy(),
+                                     rng=random.Random(seed))
+        cookies = CookieStore(store)
     pools = []
     before = resource.getrusage(resource.RUSAGE_SELF)
     start_s = time.time()
     for n, (source, lead_ids) in enumerate(work.items()):
         spec = catalog.get(source)
-        fetcher = Fetcher(sink=store, lanes=RateLanes(store, sampler=GapSampler(random.Random(seed + n))))
+        fetcher = Fetcher(sink=store, lanes=RateLanes(store, sampler=GapSampler(random.Random(seed + n))),
+                          pool=identity_pool, cookies=cookies)
         fetchers.append(fetcher)
         collector = Collector(catalog=catalog, store=store, records=records, fetcher=fetcher,
                               circuits=Circuits(store))
@@ -432,6 +450,8 @@ def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict
     after = resource.getrusage(resource.RUSAGE_SELF)
     for fetcher in fetchers:
         fetcher.close()
+    if identity_pool is not None:
+        identity_pool.close()
     store.close()
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     # Finished collections (stored or given up), as the fleet's queue counts them; parked ones are not.

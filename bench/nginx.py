@@ -3,8 +3,9 @@
 The bench writes a config into a temp dir and runs nginx in the foreground (`daemon off`, one process
 with `master_process off`, so it runs as the current user and one pid stops it), with its pid, logs and
 temp paths in that dir. One `server` per limiter, each with its own zone, so fleets measured side by
-side never share a bucket. Rejections answer 429 (`limit_req_status`); every limited request is
-logged as `$msec $status`, the limiter's own count of what it admitted and refused.
+side never share a bucket; a limiter may add a site-wide zone (one bucket for every client) on top of
+the per-address one. Rejections answer 429 (`limit_req_status`); every limited request is logged as
+`$msec $status $remote_addr`, the limiter's own count of what it admitted and refused.
 """
 
 from __future__ import annotations
@@ -45,17 +46,31 @@ def find_nginx() -> str | None:
 
 @dataclass(frozen=True)
 class Limiter:
-    """One limited entry point: `rate=<rate_per_s>r/s burst=<burst> nodelay`, keyed by client address."""
+    """One limited entry point: `rate=<rate_per_s>r/s burst=<burst> nodelay`, keyed by client address,
+    and with `site_rate_per_s` also a site-wide zone (`rate=<site_rate_per_s>r/s burst=<site_burst>`,
+    one bucket for every client): a request passes only when both admit it."""
 
     name: str
     rate_per_s: int
     burst: int
+    site_rate_per_s: int | None = None
+    site_burst: int = 0
+
+
+def _site_limit(lim: Limiter) -> str:
+    if not lim.site_rate_per_s:
+        return ""
+    return f"\n            limit_req zone={lim.name}_site burst={lim.site_burst} nodelay;"
 
 
 def _config(workdir: Path, limiters: list[Limiter], ports: dict[str, int], upstream: str) -> str:
     zones = "\n".join(
         f"    limit_req_zone $binary_remote_addr zone={lim.name}:1m rate={lim.rate_per_s}r/s;"
         for lim in limiters
+    ) + "".join(
+        # The server's port is the same for every request of the server: one bucket for the site.
+        f"\n    limit_req_zone $server_port zone={lim.name}_site:1m rate={lim.site_rate_per_s}r/s;"
+        for lim in limiters if lim.site_rate_per_s
     )
     servers = "\n".join(
         f"""    server {{
@@ -64,7 +79,7 @@ def _config(workdir: Path, limiters: list[Limiter], ports: dict[str, int], upstr
         proxy_set_header Connection "";
         location = /healthz {{ proxy_pass http://sandbox; }}
         location / {{
-            limit_req zone={lim.name} burst={lim.burst} nodelay;
+            limit_req zone={lim.name} burst={lim.burst} nodelay;{_site_limit(lim)}
             access_log {workdir}/{lim.name}.log bench;
             proxy_pass http://sandbox;
         }}
@@ -85,7 +100,7 @@ http {{
     fastcgi_temp_path {temp}/fastcgi;
     uwsgi_temp_path {temp}/uwsgi;
     scgi_temp_path {temp}/scgi;
-    log_format bench '$msec $status';
+    log_format bench '$msec $status $remote_addr';
     limit_req_status 429;
     limit_req_log_level info;
     upstream sandbox {{ server {upstream}; keepalive 32; }}
@@ -175,10 +190,17 @@ class Nginx:
         path = self.workdir / f"{name}.log"
         if not path.exists():
             return []
+        return [(at, status) for at, status, _ in self.client_rows(name)]
+
+    def client_rows(self, name: str) -> list[tuple[float, int, str]]:
+        """What the limiter `name` logged, with the client address nginx saw: (time in s, status, address)."""
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return []
         rows = []
         for line in path.read_text().splitlines():
-            at, _, status = line.partition(" ")
-            rows.append((float(at), int(status)))
+            at, status, address = line.split(" ", 2)
+            rows.append((float(at), int(status), address))
         return rows
 
     def stop(self) -> None:

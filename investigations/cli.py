@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from investigations.config import ConfigError, Settings
-from investigations.leads import LeadError, lead_id_of, normalize_lead
+from investigations.leads import Lead, LeadError, lead_id_of, normalize_lead
 from investigations.specs import SpecError
 
 
@@ -91,9 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     leads_list = leads_sub.add_parser("list", help="every lead, its cases and last success per source")
     leads_list.add_argument("--json", action="store_true")
     leads_list.set_defaults(func=_leads_list)
-    leads_add = leads_sub.add_parser("add", help="register a lead in a case (no collection is queued)")
-    leads_add.add_argument("kind")
-    leads_add.add_argument("value")
+    leads_add = leads_sub.add_parser("add", help="register a lead, or every lead of a file, in a case "
+                                     "(no collection is queued)")
+    leads_add.add_argument("kind", nargs="?")
+    leads_add.add_argument("value", nargs="?")
+    leads_add.add_argument("--file", type=Path, help="one lead a line, `KIND VALUE` (blank lines and # comments "
+                           "skipped; - reads stdin), registered in one transaction")
     leads_add.add_argument("--case", required=True)
     leads_add.set_defaults(func=_leads_add)
 
@@ -229,10 +232,38 @@ def _leads_list(args: argparse.Namespace) -> int:
 
 
 def _leads_add(args: argparse.Namespace) -> int:
-    lead = normalize_lead(args.kind, args.value)
-    _store(Settings.from_env()).add_lead(lead, case_id=args.case)
-    print(lead.id)
+    one_lead = args.kind is not None and args.value is not None
+    if one_lead == (args.file is not None) or (args.file is not None and args.kind is not None):
+        print("investigations: leads add takes KIND VALUE or --file PATH", file=sys.stderr)
+        return 2
+    if args.file is None:
+        lead = normalize_lead(args.kind, args.value)
+        _store(Settings.from_env()).add_lead(lead, case_id=args.case)
+        print(lead.id)
+        return 0
+    leads = read_leads_file(args.file)
+    added = _store(Settings.from_env()).add_leads(leads, case_id=args.case)
+    print(f"registered {added} lead(s) in case {args.case}")
     return 0
+
+
+def read_leads_file(path: Path) -> list[Lead]:
+    """Leads of a file, one `KIND VALUE` a line; every bad line is reported with its number, and
+    nothing is registered unless every line is good."""
+    text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    leads, problems = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        kind, _, value = line.partition(" ")
+        try:
+            leads.append(normalize_lead(kind, value.strip()))
+        except LeadError as exc:
+            problems.append(f"{path}:{number}: {exc}")
+    if problems:
+        raise LeadError("; ".join(problems[:10]) + (f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""))
+    return leads
 
 
 def _cases_list(args: argparse.Namespace) -> int:

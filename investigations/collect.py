@@ -308,7 +308,11 @@ class Collector:
                     return True
                 if not identities.others_leasing():
                     return False
-            self.sleep(LEASE_POLL_S * random.uniform(0.5, 1.5))
+            poll_s = LEASE_POLL_S * random.uniform(0.5, 1.5)
+            if self.sleep is time.sleep and self.fetcher.pool is not None:
+                self.fetcher.pool.wait_for_release(poll_s)  # woken early by a lease given back here
+            else:
+                self.sleep(poll_s)  # an injected sleep (tests) keeps its own time
         return True
 
     def _record_circuit(self, spec: SourceSpec, *, success: bool) -> None:

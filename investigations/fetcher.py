@@ -416,7 +416,10 @@ class Fetcher:
             return
         source, own = lanes[0].name, lanes[-1].name
         turn = self._turns.get(own)
-        if turn is not None and turn.behind_others and turn.period_s is not None:
+        # Background requests do not think: standing back, they ask again after a random part of an
+        # interval (see reserve), which shuffles their turns already; and an identity sends one
+        # request at a time, so a think while a batch keeps every identity busy is its rate lost.
+        if turn is not None and turn.behind_others and turn.period_s is not None and not background:
             self._sleep(self._lanes.think_s(turn.period_s))
         give_up_at = park_at if park_at is not None else self._clock() + spec.throttle.park_after_s
         yielded_to_others = False  # a background request that stood back while the source lane was booked

@@ -156,6 +156,10 @@ class IdentityPool:
                              connections=lease_connections)
         # The same acquire through SQLAlchemy, for the escalation path (several statements, one transaction).
         self._acquire_stmt = {lanes: _acquire_statement(_TABLES, lanes=lanes, pg=self._pg) for lanes in (False, True)}
+        # Signalled when this process gives a lease back: its collections waiting for an identity ask
+        # at once instead of at their next poll (an identity sends one request at a time, so the
+        # gap between one holder and the next is that identity's rate lost).
+        self._released = threading.Condition()
 
     def close(self) -> None:
         """Close the pool's own lease connections (the store's engine is the store's to close)."""
@@ -251,7 +255,17 @@ class IdentityPool:
 
     def release(self, lease: Lease) -> bool:
         """Give the identity back at once. Idempotent: False when already released or taken over."""
-        return bool(self._hot.run("release", _fence(lease)))
+        released = bool(self._hot.run("release", _fence(lease)))
+        if released:
+            with self._released:
+                self._released.notify_all()
+        return released
+
+    def wait_for_release(self, timeout_s: float) -> None:
+        """Sleep until this process releases a lease, or `timeout_s` (leases given back by other
+        processes are only seen by asking again)."""
+        with self._released:
+            self._released.wait(timeout_s)
 
     # -- health -----------------------------------------------------------------------------------
 

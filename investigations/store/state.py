@@ -201,15 +201,24 @@ class StateStore:
 
     def add_lead(self, lead: Lead, *, case_id: str | None = None, now: datetime | None = None) -> None:
         """Register a lead directly (CLI, tests), optionally in a case, without queueing a collection."""
+        self.add_leads([lead], case_id=case_id, now=now)
+
+    def add_leads(self, leads: Sequence[Lead], *, case_id: str | None = None, now: datetime | None = None) -> int:
+        """Register leads in one transaction (idempotent by lead id), optionally in a case; return how
+        many were given, each once. No collection is queued."""
         now = now or utcnow()
+        unique = list({lead.id: lead for lead in leads}.values())
+        if not unique:
+            return 0
         with self.engine.begin() as conn:
-            _upsert(conn, s.leads, [{"lead_id": lead.id, "kind": lead.kind, "value": lead.value, "created_at": now}],
-                    keys=["lead_id"], update=[])
+            _upsert(conn, s.leads, [{"lead_id": lead.id, "kind": lead.kind, "value": lead.value, "created_at": now}
+                                    for lead in unique], keys=["lead_id"], update=[])
             if case_id:
                 _upsert(conn, s.cases, [{"case_id": case_id, "status": "active", "created_at": now, "updated_at": now}],
                         keys=["case_id"], update=[])
-                _upsert(conn, s.case_leads, [{"case_id": case_id, "lead_id": lead.id, "added_at": now}],
-                        keys=["case_id", "lead_id"], update=[])
+                _upsert(conn, s.case_leads, [{"case_id": case_id, "lead_id": lead.id, "added_at": now}
+                                             for lead in unique], keys=["case_id", "lead_id"], update=[])
+        return len(unique)
 
     def leads_overview(self) -> list[dict[str, Any]]:
         """Every lead with its cases and, per source, the last collection outcome and success time."""

@@ -267,3 +267,24 @@ def test_the_cli_finds_the_project_s_state_from_any_folder(monkeypatch, tmp_path
     monkeypatch.chdir(project / "deep")
     settings = Settings.from_env({})
     assert settings.data_dir == project / ".investigations" and settings.sources_path == project / "sources.yaml"
+
+
+def test_leads_add_from_a_file_registers_every_lead_in_the_case(state, tmp_path, capsys) -> None:
+    leads_file = tmp_path / "leads.txt"
+    leads_file.write_text("# a case's leads\ndomain a.example\n\nusername alice\ndomain a.example\n")
+    assert main(["leads", "add", "--file", str(leads_file), "--case", "c-bulk"]) == 0
+    assert "registered 2 lead(s) in case c-bulk" in capsys.readouterr().out
+    assert {row["value"] for row in state.leads_overview() if "c-bulk" in row["cases"]} == {"a.example", "alice"}
+
+
+def test_leads_add_from_a_file_names_bad_lines_and_registers_nothing(state, tmp_path, capsys) -> None:
+    leads_file = tmp_path / "leads.txt"
+    leads_file.write_text("domain b.example\nplanet mars\n")
+    assert main(["leads", "add", "--file", str(leads_file), "--case", "c-bad"]) == 2
+    assert f"{leads_file}:2" in capsys.readouterr().err
+    assert not [row for row in state.leads_overview() if "c-bad" in row["cases"]]
+
+
+def test_leads_add_takes_a_lead_or_a_file_not_both(state, tmp_path, capsys) -> None:
+    assert main(["leads", "add", "domain", "c.example", "--file", str(tmp_path / "x"), "--case", "c"]) == 2
+    assert main(["leads", "add", "--case", "c"]) == 2

@@ -217,3 +217,21 @@ def test_a_process_s_background_requests_ask_a_booked_lane_one_at_a_time(sqlite_
     # One thread at a time asks, and again when the next slot comes near: about two questions per
     # request. Four threads each asking at every slot would ask about four times per request.
     assert len(asked) <= 2.5 * 24
+
+
+@pytest.mark.parametrize(("background", "sleeps"), [(False, 2), (True, 1)])
+def test_a_background_request_that_waited_behind_others_does_not_think(sqlite_store, background: bool,
+                                                                        sleeps: int) -> None:
+    time_ = FakeTime()
+    # The exact sampler: a think lasts 0 s but is still a sleep, and nothing else sleeps.
+    exact = GapSampler(random.Random(1), sigma=0.0, pause_probability=0.0)
+    fetcher, lanes, _ = make_fetcher(sqlite_store, time_, [httpx.Response(200, json={"results": []})] * 3,
+                                     sampler=exact)
+    source = spec(rate_per_s=2.0)
+    fetcher.fetch(source, REQUEST, lead_id="l1")
+    for _ in range(3):  # three other identities take the source's next slots
+        lanes.reserve([source_lane(source)], max_wait_s=60)
+    fetcher.fetch(source, REQUEST, lead_id="l1")  # waits 3 intervals behind them
+    before = len(time_.slept)
+    fetcher.fetch(source, REQUEST, lead_id="l1", background=background)
+    assert len(time_.slept) == before + sleeps  # a think (interactive only), then the lane wait

@@ -447,3 +447,23 @@ def test_identities_dropped_from_the_file_are_no_longer_leased(make_pool) -> Non
     after.sync()
     assert take(after).identity_id == "keep"
     assert after.acquire("src", holder="run-2", ttl_s=TTL_S) is None
+
+
+def test_a_lease_given_back_wakes_a_collection_waiting_in_the_same_process(pool: IdentityPool) -> None:
+    import threading
+    import time
+
+    lease = take(pool)
+    woke_after: list[float] = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        pool.wait_for_release(5.0)
+        woke_after.append(time.monotonic() - started)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.05)
+    assert pool.release(lease)
+    waiter.join(timeout=5)
+    assert woke_after and woke_after[0] < 1.0

@@ -406,3 +406,19 @@ def test_a_refused_send_floors_the_identity_s_lane_until_its_rhythm_breaks(store
     assert not early.granted or clock.now + early.wait_s >= resume_at - 1e-9
     clock.now = resume_at
     assert lanes.reserve([GUARDED], max_wait_s=60.0).granted
+
+
+def _slot(lane: LaneSpec, send_at_s: float):  # noqa: ANN202 - a lane's slot as reserve() sees it
+    from investigations.pacing.lanes import _Slot
+
+    interval = 1.0 / lane.rate_per_s
+    return _Slot(lane=lane, start_s=send_at_s, gap_s=interval, interval_s=interval, send_at_s=send_at_s,
+                 recent_sends_s=())
+
+
+def test_a_send_delay_is_drawn_at_the_fastest_lane_s_scale_whichever_lane_held_the_request() -> None:
+    from investigations.pacing.lanes import delay_scale_s
+
+    own, shared = LaneSpec("identity:s:a", 2.0, 1), LaneSpec("source:s", 10.0, 1)
+    assert delay_scale_s([_slot(own, T0 + 0.3), _slot(shared, T0 + 0.1)]) == pytest.approx(0.1)
+    assert delay_scale_s([_slot(own, T0), _slot(shared, T0)]) == pytest.approx(0.1)
