@@ -286,7 +286,10 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                     "reason_groups": MetadataValue.json(sorted({f.reason_group for f in failures})),
                     "last_status": failures[0].last_status if failures[0].last_status is not None else -1,
                 },
-                allow_retries=len(lead_ids) == 1 and failures[0].retryable,
+                # A step retry helps only a run launched on its partitions (from the UI): a dispatched
+                # run's failed lead is a dead letter already, its queue row closed, so a retry of it
+                # would find nothing owed and succeed, hiding the failure.
+                allow_retries=len(lead_ids) == 1 and failures[0].retryable and HANDOVER_TAG not in context.run.tags,
             )
 
     return _collect
