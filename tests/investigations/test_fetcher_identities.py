@@ -5,6 +5,7 @@ every answer says about it. Real loopback proxies on 127.0.0.2 and 127.0.0.3, th
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -232,6 +233,29 @@ def test_more_threads_than_identities_against_a_source_that_never_refuses_park_n
         results = list(threads.map(lambda lead: world.collector.collect("robust", lead, background=True), leads))
     assert [r.outcome for r in results] == ["ok"] * 12
     assert world.store.park_reasons() == {}
+
+
+def test_of_a_process_s_collections_waiting_for_an_identity_one_asks_the_pool_at_a_time(world: World) -> None:
+    leads = [world.lead(f"lead{i}.example") for i in range(12)]
+    waiting, most = [0], [0]
+    lock = threading.Lock()
+    wait_for_release = world.pool.wait_for_release
+
+    def counted(timeout_s: float) -> None:
+        with lock:
+            waiting[0] += 1
+            most[0] = max(most[0], waiting[0])
+        try:
+            wait_for_release(timeout_s)
+        finally:
+            with lock:
+                waiting[0] -= 1
+
+    world.pool.wait_for_release = counted  # type: ignore[method-assign]
+    with ThreadPoolExecutor(max_workers=6) as threads:  # 6 threads, 2 identities: 4 wait at a time
+        results = list(threads.map(lambda lead: world.collector.collect("robust", lead, background=True), leads))
+    assert [r.outcome for r in results] == ["ok"] * 12
+    assert most[0] == 1
 
 
 def test_no_usable_identity_parks_at_once_with_the_reason(world: World, sandbox) -> None:
