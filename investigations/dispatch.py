@@ -181,15 +181,30 @@ def background_bound(spec: SourceSpec) -> int:
     return background_runs_for(spec) * batch_size(spec)
 
 
+def overlap_leads(spec: SourceSpec) -> int:
+    """The source's work of RUN_OVERLAP_S at its permitted rate: what a run still has to do when
+    the next one should be handed over, so that one starts about as this one winds down."""
+    return math.ceil(RUN_OVERLAP_S * spec.rate.source_per_s)
+
+
 def background_take(spec: SourceSpec, *, in_flight: int, ready: int, runs_in_flight: int = 0) -> int:
-    """How many background collections to hand over now: whole batches only, or the whole backlog
-    when it is smaller than a batch and fits, and never a run beyond the source's background runs
-    (counted in Dagster: a batch near its end still holds a pool slot)."""
+    """How many background collections may be handed over now: whole batches' worth (a backlog
+    smaller than that goes out whole), and never a run beyond the source's background runs
+    (counted in Dagster: a batch near its end still holds a pool slot). 0 when nothing is ready.
+
+    Staggered: a batch goes out only while the work in flight before it is at most the source's
+    `overlap_leads`, so a backfill starts one run and the next joins as the first winds down, rather
+    than two runs at once splitting the same lanes and identities for the whole batch (each with
+    its own threads asking for them). As `background_runs_for` leaves room for the batches the
+    overlap needs, a take is never less than a batch: finished leads never start small runs.
+    """
     size = batch_size(spec)
-    room = min(background_bound(spec) - in_flight, (background_runs_for(spec) - runs_in_flight) * size)
-    if room >= size:
-        return room // size * size
-    return ready if 0 < ready <= room else 0
+    overlap = overlap_leads(spec)
+    if not ready or in_flight > overlap:
+        return 0
+    room = min(background_bound(spec) - in_flight, (background_runs_for(spec) - runs_in_flight) * size,
+               ((overlap - in_flight) // size + 1) * size)
+    return max(0, room // size * size)
 
 
 def batches(spec: SourceSpec, rows: Sequence[QueuedCollection], order: Callable[[str], int]) -> list[Handover]:
@@ -272,8 +287,8 @@ def plan_dispatch(
                 plan.reasons.append(
                     f"{spec.name}: {in_flight + len(handed)} background collections in flight in "
                     f"{runs_in_flight} run(s) and {len(handed)} more handed over (at most "
-                    f"{background_runs_for(spec)} batch(es) of {batch_size(spec)}); "
-                    f"{background_ready - len(handed)} wait in the backlog"
+                    f"{background_runs_for(spec)} batch(es) of {batch_size(spec)}, the next once at most "
+                    f"{overlap_leads(spec)} are left in flight); {background_ready - len(handed)} wait in the backlog"
                 )
         plan.handovers.extend(batches(spec, rows + handed, order))
     return plan

@@ -19,6 +19,7 @@ from investigations.dispatch import (
     ingest,
     max_runtime_s,
     order_from,
+    overlap_leads,
     plan_dispatch,
     plan_recurring,
     release_dead_run,
@@ -186,13 +187,14 @@ def _three_runs(catalog):
 @pytest.mark.parametrize(
     ("in_flight", "ready", "taken"),
     [
-        (0, 1000, 30),  # three whole batches of 10
-        (10, 1000, 20),  # one batch still running: two more
-        (25, 1000, 0),  # the room the finished leads freed is less than a batch: wait for a whole one
-        (21, 1000, 0),
-        (20, 1000, 10),
-        (25, 4, 4),  # a backlog smaller than a batch goes out whole when it fits
-        (25, 6, 0),  # ... and waits when it does not
+        (0, 1000, 20),  # two whole batches of 10: the second starts within the first's 15 leads of overlap
+        (10, 1000, 10),  # one batch still running: one more
+        (15, 1000, 10),  # at the overlap (15 s of work at 1/s) the next batch goes
+        (16, 1000, 0),  # more than the overlap in flight: the next batch waits for the runs to near their ends
+        (25, 1000, 0),
+        (15, 4, 10),  # room for a batch: a backlog smaller than one goes out whole
+        (16, 4, 0),  # ... and waits, as a batch would, while more than the overlap is in flight
+        (0, 0, 0),  # nothing ready
         (30, 1000, 0),  # at the bound
     ],
 )
@@ -211,7 +213,7 @@ def test_background_work_is_handed_over_in_whole_batches_up_to_the_source_s_runs
         (5, 1000, 3, 0),  # three batches near their ends still hold three pool slots
         (5, 1000, 2, 10),  # one run slot free: one batch, however much collection room is left
         (0, 4, 3, 0),  # even a small backlog waits for a run slot
-        (0, 1000, 0, 30),
+        (0, 1000, 0, 20),
     ],
 )
 def test_background_work_never_takes_more_than_the_source_s_background_runs(
@@ -219,6 +221,22 @@ def test_background_work_never_takes_more_than_the_source_s_background_runs(
 ) -> None:
     catalog, _ = world
     assert background_take(_three_runs(catalog), in_flight=in_flight, ready=ready, runs_in_flight=runs) == taken
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "taken"),
+    [
+        (0, 720),  # a fresh backfill starts one run, not two splitting the lanes for 90 s
+        (600, 0),  # the run is 15 s into its batch: the next waits
+        (121, 0),
+        (120, 720),  # 15 s of work left at 8/s: the next run starts as this one winds down
+    ],
+)
+def test_a_source_s_background_runs_are_staggered_by_its_overlap(world, in_flight: int, taken: int) -> None:
+    catalog, _ = world
+    spec = _with_rate(catalog.get("robust"), 8)  # 720-lead batches, 2 runs, 120 leads of overlap
+    assert (batch_size(spec), background_runs_for(spec), overlap_leads(spec)) == (720, 2, 120)
+    assert background_take(spec, in_flight=in_flight, ready=5000, runs_in_flight=1 if in_flight else 0) == taken
 
 
 def test_background_runs_in_flight_are_counted_from_dagster_per_source() -> None:
@@ -236,18 +254,18 @@ def test_background_runs_in_flight_are_counted_from_dagster_per_source() -> None
 
 def test_a_trickle_of_finished_leads_does_not_start_small_batch_runs(world) -> None:
     catalog, store = world
-    spec = _with_rate(catalog.get("robust"), 0.5, batch_max_leads=10)  # 20 s batches: 2 runs
+    spec = _with_rate(catalog.get("robust"), 0.5, batch_max_leads=10)  # 20 s batches: 2 runs, 8 leads of overlap
     small = catalog.model_copy(update={"sources": (spec,)})
     leads = [f"domain-{i:016x}" for i in range(50)]
     order = order_from({lead: position for position, lead in enumerate(leads)})
     store.enqueue([("robust", lead) for lead in leads], origin="bulk", priority_class="backfill", now=NOW)
-    first = plan_dispatch(store, small, max_runs=50, now=NOW, order=order).handovers
-    assert [len(h.rows) for h in first] == [10, 10]
-    for lead in first[0].lead_ids[:9]:  # all but one lead of the first batch
-        store.finish_dispatched("robust", lead, outcome="ok", now=NOW)
+    (first,) = plan_dispatch(store, small, max_runs=50, now=NOW, order=order).handovers
+    assert len(first.rows) == 10
+    store.finish_dispatched("robust", first.lead_ids[0], outcome="ok", now=NOW)
     held = plan_dispatch(store, small, max_runs=50, now=NOW, order=order)
-    assert held.handovers == [] and any("2 batch(es) of 10" in r and "30 wait" in r for r in held.reasons)
-    store.finish_dispatched("robust", first[0].lead_ids[9], outcome="ok", now=NOW)
+    assert held.handovers == []
+    assert any("2 batch(es) of 10" in r and "at most 8 are left" in r and "40 wait" in r for r in held.reasons)
+    store.finish_dispatched("robust", first.lead_ids[1], outcome="ok", now=NOW)
     (next_batch,) = plan_dispatch(store, small, max_runs=50, now=NOW, order=order).handovers
     assert len(next_batch.rows) == 10
 
