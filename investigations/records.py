@@ -15,7 +15,6 @@ written by hand) an unchanged file is left exactly as it was.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -26,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from investigations.canonical import canonical_json
 
 if TYPE_CHECKING:
     from investigations.evidence import Capture
@@ -69,10 +70,6 @@ class WriteResult:
     records: int
     content_hash: str
     changed: bool  # False when the stored file already held exactly these records
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 class RecordStore:

@@ -9,13 +9,13 @@ requests from an answer (`follow`: a bootstrap file naming the server to ask).
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
 
 from investigations.adapters.cache import BOOTSTRAPS, TtlCache
+from investigations.canonical import canonical_json
 from investigations.classify import Answer, Verdict, judge_answer
 from investigations.fetcher import redact_url
 from investigations.leads import Lead
@@ -137,9 +137,9 @@ def make_record(fields: dict[str, Any], *, page_url: str, raw_key: Any) -> Parse
     fields, so the same record gets the same key on every crawl. `page_url` must already be redacted.
     """
     if raw_key is None or raw_key == "":
-        key = hashlib.sha256(canonical_json(fields).encode()).hexdigest()[:16]
+        key = hashlib.sha256(canonical_json(fields, ascii_only=True).encode()).hexdigest()[:16]
     else:
-        key = raw_key if isinstance(raw_key, str) else canonical_json(raw_key)
+        key = raw_key if isinstance(raw_key, str) else canonical_json(raw_key, ascii_only=True)
     link = next((fields[name] for name in URL_FIELDS if isinstance(fields.get(name), str) and fields[name]), None)
     return ParsedRecord(key=key, url=urljoin(page_url, link) if link else page_url, fields=fields)
 
@@ -147,11 +147,6 @@ def make_record(fields: dict[str, Any], *, page_url: str, raw_key: Any) -> Parse
 def _origin(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
-
-
-def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and no spaces: equal values always give equal text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def page_base(url: str) -> str:

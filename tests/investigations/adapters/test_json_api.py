@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from investigations.adapters import JsonApiAdapter, ParseError, build_adapter
-from investigations.adapters.base import canonical_json
+from investigations.canonical import canonical_json
 from investigations.leads import normalize_lead
 from investigations.specs import SourceSpec
 
