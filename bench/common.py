@@ -435,3 +435,39 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
         print("  " + "  ".join(padded))
         if n == 0:
             print("  " + "  ".join("-" * w for w in widths))
+
+
+# -- Postgres for the benches that run a fleet on it ------------------------------------------------
+
+POSTGRES_URL = os.environ.get(
+    "INVESTIGATIONS_BENCH_POSTGRES_URL",
+    os.environ.get("INVESTIGATIONS_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"),
+)
+
+
+def pg_admin(sql: str) -> None:
+    """One statement on the bench's Postgres server, outside a transaction (CREATE/DROP DATABASE)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(sql))
+    finally:
+        engine.dispose()
+
+
+def pg_url(db: str) -> str:
+    """The bench server's URL for database `db`."""
+    head, _, _ = POSTGRES_URL.rpartition("/")
+    return f"{head}/{db}"
+
+
+def dagster_postgres_storage(db: str) -> dict[str, Any]:
+    """A dagster.yaml `storage:` block putting Dagster's runs, events and schedules in `db`."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(POSTGRES_URL)
+    return {"postgres": {"postgres_db": {
+        "username": url.username or "postgres", "hostname": url.host or "127.0.0.1", "port": url.port or 5432,
+        "db_name": db, "scheme": "postgresql+psycopg2", **({"password": url.password} if url.password else {})}}}

@@ -55,15 +55,20 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.common import RESULTS_DIR, engine_digest, host_load, print_table, write_results
+from bench.common import (
+    RESULTS_DIR,
+    dagster_postgres_storage,
+    engine_digest,
+    host_load,
+    pg_admin,
+    pg_url,
+    print_table,
+    write_results,
+)
 from bench.fleet_process import BIN, ROOT, free_port
 
 NAME = "faults"
 SECRET = "whsec_ZmF1bHRzLWJlbmNoLXNlY3JldC1mb3ItbG9vcGJhY2stb25seQ=="
-POSTGRES_URL = os.environ.get(
-    "INVESTIGATIONS_BENCH_POSTGRES_URL",
-    os.environ.get("INVESTIGATIONS_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"),
-)
 INTERACTIVE_SOURCE, BACKFILL_SOURCE = "robust", "slow"
 WINDOWS = ("launch", "step", "after_write")
 PREFIX = "faults-"
@@ -169,25 +174,7 @@ def code_servers(fleet: Fleet) -> list[int]:
 # -- configuration -------------------------------------------------------------------------------
 
 
-def _pg_admin(sql: str) -> None:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            conn.execute(text(sql))
-    finally:
-        engine.dispose()
-
-
-def _pg_url(db: str) -> str:
-    head, _, _ = POSTGRES_URL.rpartition("/")
-    return f"{head}/{db}"
-
-
 def prepare(backend: str, base: Path, *, backfill_leads: int) -> Fleet:
-    from sqlalchemy.engine import make_url
-
     dagster_home, data_dir, logs = base / "dagster_home", base / "data", base / "logs"
     for folder in (dagster_home, data_dir, logs):
         folder.mkdir(parents=True, exist_ok=True)
@@ -197,14 +184,10 @@ def prepare(backend: str, base: Path, *, backfill_leads: int) -> Fleet:
         stamp = f"{int(time.time())}_{uuid.uuid4().hex[:6]}"
         state_db, dagster_db = f"faults_{stamp}_state", f"faults_{stamp}_dagster"
         for db in (state_db, dagster_db):
-            _pg_admin(f'CREATE DATABASE "{db}"')
+            pg_admin(f'CREATE DATABASE "{db}"')
             databases.append(db)
-        url = make_url(POSTGRES_URL)
-        config["storage"] = {"postgres": {"postgres_db": {
-            "username": url.username or "postgres", "hostname": url.host or "127.0.0.1", "port": url.port or 5432,
-            "db_name": dagster_db, "scheme": "postgresql+psycopg2",
-            **({"password": url.password} if url.password else {})}}}
-        database_url = _pg_url(state_db)
+        config["storage"] = dagster_postgres_storage(dagster_db)
+        database_url = pg_url(state_db)
     else:
         database_url = f"sqlite:///{data_dir / 'state.db'}"
     (dagster_home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -642,7 +625,7 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
         instance.dispose()
         if fleet.databases and not args.keep:
             for db in fleet.databases:
-                _pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+                pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     figures["config"] = {"backend": backend, "leads": args.leads, "deliveries": len(deliveries),
                          "collections": len(expected), "backfill_leads": backfill_leads,
                          "interactive_leads": len(expected) - backfill_leads, "run_worker_kills": args.kills,

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,7 +49,18 @@ from typing import Any
 
 import yaml
 
-from bench.common import engine_digest, fmt, gap_cv, host_load, parse_args, print_table, write_results
+from bench.common import (
+    dagster_postgres_storage,
+    engine_digest,
+    fmt,
+    gap_cv,
+    host_load,
+    parse_args,
+    pg_admin,
+    pg_url,
+    print_table,
+    write_results,
+)
 from bench.fleet_process import BIN, ROOT, CpuSampler, Fleet, engine_subprocess, prepare_fleet, start_fleet
 from bench.nginx import Limiter, Nginx, NginxMissing
 from bench.proxies import Proxies, TinyproxyMissing
@@ -79,6 +91,7 @@ class Config:
     name: str
     duration_s: float
     rate_factor: float  # the fleet's configured rates / nginx's
+    postgres: bool = False  # the state store and Dagster's storage on Postgres (fresh databases, dropped after)
 
 
 # -- set-up --------------------------------------------------------------------------------------
@@ -148,14 +161,34 @@ def _limiter(name: str, args: Any) -> Limiter:
 
 
 def run_config(cfg: Config, args: Any, workdir: Path) -> dict[str, Any]:
+    """One configuration measured; on Postgres, in fresh databases dropped afterwards."""
+    databases: list[str] = []
+    try:
+        if cfg.postgres:
+            stamp = f"{int(time.time())}_{uuid.uuid4().hex[:6]}"
+            for db in (f"product_{stamp}_state", f"product_{stamp}_dagster"):
+                pg_admin(f'CREATE DATABASE "{db}"')
+                databases.append(db)
+        return measure_config(cfg, args, workdir, databases)
+    finally:
+        for db in databases:
+            pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[str]) -> dict[str, Any]:
     from dagster import DagsterInstance
 
     leads = math.ceil(ceiling_per_s(args) * cfg.duration_s * LEADS_MARGIN) + 50
-    fleet = prepare_fleet(workdir / cfg.name, dagster_yaml=(ROOT / "dagster.yaml").read_text(), sources_yaml="")
+    dagster_yaml = (ROOT / "dagster.yaml").read_text()
+    if databases:
+        dagster_yaml += "\n" + yaml.safe_dump({"storage": dagster_postgres_storage(databases[1])}, sort_keys=False)
+    fleet = prepare_fleet(workdir / cfg.name, dagster_yaml=dagster_yaml, sources_yaml="")
+    if databases:
+        fleet.database_url = fleet.env["INVESTIGATIONS_DATABASE_URL"] = pg_url(databases[0])
     sampler: CpuSampler | None = None
     cli: list[dict[str, Any]] = []
-    start_fleet(fleet, services=("sandbox",))
     try:
+        start_fleet(fleet, services=("sandbox",))
         sandbox_port = fleet.env["INVESTIGATIONS_SANDBOX_PORT"]
         with Nginx([_limiter(cfg.name, args)], upstream=f"127.0.0.1:{sandbox_port}") as nginx, \
                 Proxies(args.identities) as proxies:
@@ -196,7 +229,7 @@ def run_config(cfg: Config, args: Any, workdir: Path) -> dict[str, Any]:
     cpu = sampler.window(*steady) if sampler else {}
     stored = fleet_figures["stored_in_steady_window"]
     fleet_cpu = sum(cpu.get("groups", {}).get(g, 0.0) for g in ("dagster", "intake"))
-    return {"config": cfg.name, "rate_factor": cfg.rate_factor, "leads_added": leads, "cli": cli, "t0": t0,
+    return {"config": cfg.name, "rate_factor": cfg.rate_factor, "postgres": cfg.postgres, "leads_added": leads, "cli": cli, "t0": t0,
             "end_s": end_s, **figures, **fleet_figures,
             "cpu": {"window_s": cpu.get("seconds"), "fleet_cpu_s": fleet_cpu, "groups_s": cpu.get("groups", {}),
                     "roles_s": cpu.get("roles", {}), "processes": cpu.get("processes", {}),
@@ -487,6 +520,9 @@ def _extra(parser: Any) -> None:
                         help=f"nginx's site-wide rate, r/s (default {DEFAULT_SITE_RATE})")
     parser.add_argument("--burst", type=int, default=DEFAULT_BURST,
                         help=f"both zones' burst (default {DEFAULT_BURST}); the fleet's is one below")
+    parser.add_argument("--postgres", action="store_true",
+                        help="also run `right` with the state store and Dagster's storage on Postgres (as a "
+                             "deployment would; INVESTIGATIONS_BENCH_POSTGRES_URL, else the test server)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, stores) after the run")
 
@@ -501,6 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM ends the bench through its `finally` blocks, so no fleet process outlives it.
     signal.signal(signal.SIGTERM, _interrupt)
     configs = [Config("right", args.duration_s, 1.0)] + ([Config("high", high_s, HIGH_FACTOR)] if high_s > 0 else [])
+    if args.postgres:
+        configs.insert(1, Config("right-pg", args.duration_s, 1.0, postgres=True))
     figures: dict[str, Any] = {
         "config": {"duration_s": args.duration_s, "high_duration_s": high_s, "engine_s": args.engine_s,
                    "identities": args.identities, "client_rate": args.client_rate, "site_rate": args.site_rate,
