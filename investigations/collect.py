@@ -29,10 +29,11 @@ import httpx
 
 from investigations.adapters import ParsedRecord, ParseError, TtlCache, build_adapter
 from investigations.evidence import Capture, EvidenceStore
-from investigations.fetcher import Fetcher, FetchFailed, FetchParked, IdentityBlocked, redact_url
+from investigations.fetcher import Fetcher, FetchFailed, FetchParked, IdentityBlocked
 from investigations.identities import Lease
 from investigations.pacing import Circuits
 from investigations.records import RecordStore
+from investigations.redaction import redact_url
 from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore, utcnow
 

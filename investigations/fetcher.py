@@ -21,7 +21,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -48,25 +47,17 @@ from investigations.netguard import (
     system_resolve,
     url_reason,
 )
-from investigations.pacing import LaneSpec, RateLanes, identity_lane, source_lane
+from investigations.pacing import RateLanes, identity_lane, source_lane
+from investigations.pacing.waiting import LaneFull, LaneWaiter
 from investigations.pinning import PinnedTransport, allowance_scope
-from investigations.redaction import install_log_redaction, redact, redact_url, register_secret
+from investigations.redaction import redact, redact_url, register_secret
 from investigations.specs import SourceSpec
 
-if TYPE_CHECKING:  # adapters import redact_url from here; the dependency stays one-way at runtime
+if TYPE_CHECKING:  # adapters import the fetcher's results; the dependency stays one-way at runtime
     from investigations.adapters.base import PlannedRequest
 
 DEFAULT_USER_AGENT = "investigations-fleet/0.1 (collection fleet; contact via project README)"
 DEFAULT_MAX_BODY_BYTES = 10_000_000
-# Background work books a lane's slot at most this many intervals ahead, so a busy lane's queue is
-# never a batch's: a fresh lead's request waits a slot or two, not behind every waiting batch thread.
-BACKGROUND_AHEAD_INTERVALS = 1.0
-# An identity's turns on a shared source lane are tracked only while it sends within this many of
-# the source's intervals of its last send.
-TURN_MAX_INTERVALS = 20
-# A send that waited more than this many of the source's intervals had other identities ahead of it
-# (alone, an identity waits at most one: its own previous slot).
-TURN_BEHIND_INTERVALS = 1.5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _BAD_LOCATION = "Invalid URL in location header"  # httpx's message when a Location cannot be parsed
 
@@ -133,13 +124,6 @@ class FetchParked(Exception):
 
 
 @dataclass(frozen=True)
-class _Turn:
-    sent_at_s: float
-    period_s: float | None  # since the identity's previous send, when it was taking turns
-    behind_others: bool  # its send waited behind other identities on the source lane
-
-
-@dataclass(frozen=True)
 class _Attempt:
     """What one attempt did, before the retry decision."""
 
@@ -158,15 +142,6 @@ class _Attempt:
     wait_s: float | None = None  # how long the source's own headers say to wait, besides Retry-After
     method: str = "GET"  # the last hop's, and the headers it was sent with
     request_headers: dict[str, str] = field(default_factory=dict)
-
-
-def _redact_text(text: str) -> str:
-    # Exception messages sometimes quote the url they failed on.
-    return redact(text)
-
-
-# httpx logs every request's full URL at INFO; a source key in its path or query would go with it.
-install_log_redaction()
 
 
 def _utc_now() -> datetime:
@@ -205,7 +180,6 @@ class Fetcher:
         self._lanes = lanes
         self.pool = pool
         self.cookies = cookies
-        self._max_lane_wait_s = max_lane_wait_s
         self.identity_id = identity_id
         self._rng = rng or random.Random()
         self._sleep = sleep
@@ -224,10 +198,8 @@ class Fetcher:
         )
         self._identity_clients: dict[str, httpx.Client] = {}
         self._clients_lock = threading.Lock()
-        # Per identity lane: when it last sent and whether it waited behind other identities then.
-        self._turns: dict[str, _Turn] = {}
-        # Per source lane: the gate a process's background requests pass one at a time.
-        self._background_gates: dict[str, threading.Lock] = {}
+        # How this process's requests wait for their slots on the shared lanes (pacing.waiting).
+        self._waiter = LaneWaiter(lanes, sleep=sleep, clock=clock, max_wait_s=max_lane_wait_s) if lanes is not None else None
 
     @property
     def lanes(self) -> RateLanes | None:
@@ -311,7 +283,7 @@ class Fetcher:
     ) -> FetchResult:
         """Send `request` for `lead_id` under `spec`'s timeout and retry policy, as the lease's
         identity (or the direct one without a lease); `background` work (recurring crawls,
-        backfills) leaves the lanes' later slots to fresh leads (see `_wait_for_lanes`). `judge`
+        backfills) leaves the lanes' later slots to fresh leads (see `pacing.waiting`). `judge`
         (the source's adapter) reads answers by the source's own rules where its statuses and
         headers say more than HTTP's general ones (classify.Verdict).
 
@@ -328,7 +300,11 @@ class Fetcher:
         throttled = 0
         park_at = None  # when a run of throttling answers turns into parking
         while True:
-            self._wait_for_lanes(spec, lanes, park_at, background=background)
+            if self._waiter is not None:
+                try:
+                    self._waiter.wait(spec, lanes, park_at, background=background)
+                except LaneFull as full:
+                    raise FetchParked(full.wait_s, None, 0, str(full)) from None
             sent += 1
             result = self._attempt(spec, request, client, proxied=proxied, judge=judge)
             self._sink.record_fetch(
@@ -403,67 +379,6 @@ class Fetcher:
             raise IdentityBlocked(lease.identity_id, result.status, sent,
                                   f"{health.state} at {spec.name} after {what}")
 
-    def _wait_for_lanes(self, spec: SourceSpec, lanes: list[LaneSpec], park_at: float | None, *,
-                        background: bool = False) -> None:
-        """Sleep until the source's and the identity's lanes let one more request out; `background`
-        work books no slot more than BACKGROUND_AHEAD_INTERVALS ahead.
-
-        `lanes` is [source lane, identity lane]. An identity whose last send waited behind other
-        identities on the source lane thinks first (see GapSampler.think_s), so identities sharing
-        a busy source do not take its slots in a fixed turn.
-        """
-        if self._lanes is None:
-            return
-        source, own = lanes[0].name, lanes[-1].name
-        turn = self._turns.get(own)
-        # Background requests do not think: standing back, they ask again after a random part of an
-        # interval (see reserve), which shuffles their turns already; and an identity sends one
-        # request at a time, so a think while a batch keeps every identity busy is its rate lost.
-        if turn is not None and turn.behind_others and turn.period_s is not None and not background:
-            self._sleep(self._lanes.think_s(turn.period_s))
-        give_up_at = park_at if park_at is not None else self._clock() + spec.throttle.park_after_s
-        yielded_to_others = False  # a background request that stood back while the source lane was booked
-        while True:
-            # A process's background requests for a source ask the lanes one at a time: standing
-            # back means asking again when a slot comes near, and a run's threads all asking at
-            # every slot would cost a transaction each. The one asking books its slot (or hears
-            # why not: a floor, a full lane), then lets the next ask.
-            with self._background_gate(source) if background else nullcontext():
-                while True:
-                    reservation = self._lanes.reserve(
-                        lanes, max_wait_s=self._max_lane_wait_s,
-                        max_ahead_intervals=BACKGROUND_AHEAD_INTERVALS if background else None)
-                    if reservation.yield_s <= 0:
-                        break
-                    # Background work books only near slots: the later ones stay free for fresh leads.
-                    yielded_to_others = yielded_to_others or reservation.held_by == source
-                    self._sleep(reservation.yield_s)
-            if reservation.granted:
-                break
-            if self._clock() + reservation.wait_s >= give_up_at:
-                raise FetchParked(reservation.wait_s, None, 0, f"rate lane full for {reservation.wait_s:.0f} s")
-            if reservation.rhythm_extra_s > 0:
-                # The rhythm guard set the identity's lane a floor: nothing opens before it.
-                self._sleep(reservation.wait_s)
-            else:
-                # Nothing was reserved: wait part of the way and ask again, so a lane that speeds up
-                # (AIMD recovering) is used as soon as it does.
-                self._sleep(min(reservation.wait_s, self._max_lane_wait_s) / 2)
-        self._sleep(reservation.wait_s)
-        sent_at = self._clock()
-        # A period longer than a few source intervals is an identity coming back from idle, not one
-        # taking turns: it has no turn to shuffle.
-        period = sent_at - turn.sent_at_s if turn is not None else None
-        if period is not None and period > TURN_MAX_INTERVALS / spec.rate.source_per_s:
-            period = None
-        behind = yielded_to_others or (reservation.held_by == source
-                                       and reservation.held_intervals > TURN_BEHIND_INTERVALS)
-        self._turns[own] = _Turn(sent_at_s=sent_at, period_s=period, behind_others=behind)
-
-    def _background_gate(self, source_lane_name: str) -> threading.Lock:
-        with self._clients_lock:
-            return self._background_gates.setdefault(source_lane_name, threading.Lock())
-
     def _attempt(
         self, spec: SourceSpec, request: PlannedRequest, client: httpx.Client, *, proxied: bool,
         judge: AnswerJudge | None = None,
@@ -501,7 +416,8 @@ class Fetcher:
                     # read (`0177.0.0.1`): a redirect hop that cannot be checked is refused, not retried.
                     error = f"refused a redirect from {redact_url(url)}: its location is not a valid url"
                     return _Attempt(url, None, Outcome.PERMANENT, b"", {}, elapsed_ms(), error, refused=True)
-                error = _redact_text(f"{type(exc).__name__}: {exc}")
+                # Exception messages sometimes quote the url they failed on.
+                error = redact(f"{type(exc).__name__}: {exc}")
                 timed_out = isinstance(exc, httpx.TimeoutException)
                 # Through a forward proxy, failing to connect at all means the proxy is unreachable
                 # (the target's failures come back from the proxy as 502/504): the identity's fault.

@@ -17,8 +17,8 @@ from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsp
 from investigations.adapters.cache import BOOTSTRAPS, TtlCache
 from investigations.canonical import canonical_json
 from investigations.classify import Answer, Verdict, judge_answer
-from investigations.fetcher import redact_url
 from investigations.leads import Lead
+from investigations.redaction import redact_url
 from investigations.specs import SourceSpec
 
 # Fields whose value is a link: made absolute against the page and used as the record's url.
