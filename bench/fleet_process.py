@@ -382,25 +382,21 @@ def serve_sandbox(port: int, *, watch_prefix: str, seed: int = 7) -> None:
 
 def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict[str, Any]:
     """Collect `plan[source]` fresh leads per source, all sources at once, each with its own pool of
-    `concurrency` threads sharing one `Collector` (as one run of the source does), paced by the
-    same rate lanes and circuits as the fleet, and sent as identities leased from the fleet's pool
-    when `INVESTIGATIONS_IDENTITIES` names a file (as the fleet's resource does). CPU is this
+    `concurrency` threads sharing one `Collector` (as one run of the source does), over the engine
+    the fleet's resource opens (`investigations.composition`): the same rate lanes and circuits,
+    and identities leased from the fleet's pool when `INVESTIGATIONS_IDENTITIES` names a file. CPU is this
     process's own (all threads) during the collections only: imports and setup
     are left out, as a long-running fleet pays them once."""
     from investigations.catalog import load_catalog
     from investigations.collect import CollectionFailed, CollectionParked, Collector
+    from investigations.composition import open_engine
     from investigations.config import Settings
-    from investigations.fetcher import Fetcher
-    from investigations.identities import CookieStore, HealthPolicy, IdentityPool, load_identities
     from investigations.leads import normalize_lead
-    from investigations.pacing import Circuits, GapSampler, RateLanes
-    from investigations.records import RecordStore
     from investigations.store import StateStore
 
     settings = Settings.from_env()
     catalog = load_catalog(settings.sources_path)
     store = StateStore.from_url(settings.database_url)
-    records = RecordStore(settings.records_dir)
     work: dict[str, list[str]] = {}
     for source, count in plan.items():
         leads = [normalize_lead("domain", f"engine-{source}-{n}.example") for n in range(count)]
@@ -409,7 +405,6 @@ def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict
         work[source] = [lead.id for lead in leads]
     outcomes: dict[str, dict[str, int]] = {source: {} for source in plan}
     lock = threading.Lock()
-    fetchers = []
 
     def one(source: str, collector: Collector, lead_id: str) -> None:
         if time.time() >= deadline_s:
@@ -425,21 +420,13 @@ def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict
         with lock:
             outcomes[source][outcome] = outcomes[source].get(outcome, 0) + 1
 
-    identity_pool = cookies = None
-    if settings.identities_path is not None:
-        identity_pool = IdentityPool(store, load_identities(settings.identities_path), policy=HealthPolicy(),
-                                     rng=random.Random(seed))
-        cookies = CookieStore(store)
+    engine = open_engine(settings, store=store, rng=random.Random(seed))
     pools = []
     before = resource.getrusage(resource.RUSAGE_SELF)
     start_s = time.time()
-    for n, (source, lead_ids) in enumerate(work.items()):
+    for source, lead_ids in work.items():
         spec = catalog.get(source)
-        fetcher = Fetcher(sink=store, lanes=RateLanes(store, sampler=GapSampler(random.Random(seed + n))),
-                          pool=identity_pool, cookies=cookies)
-        fetchers.append(fetcher)
-        collector = Collector(catalog=catalog, store=store, records=records, fetcher=fetcher,
-                              circuits=Circuits(store))
+        collector = engine.collector(catalog)
         pool = ThreadPoolExecutor(max_workers=spec.concurrency, thread_name_prefix=f"engine-{source}")
         pools.append(pool)
         for lead_id in lead_ids:
@@ -448,10 +435,7 @@ def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict
         pool.shutdown(wait=True)
     wall_s = time.time() - start_s
     after = resource.getrusage(resource.RUSAGE_SELF)
-    for fetcher in fetchers:
-        fetcher.close()
-    if identity_pool is not None:
-        identity_pool.close()
+    engine.close()
     store.close()
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     # Finished collections (stored or given up), as the fleet's queue counts them; parked ones are not.

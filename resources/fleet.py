@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import os
-import random
 import threading
 
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
-from investigations.adapters import TtlCache
 from investigations.catalog import load_catalog
 from investigations.collect import CollectionResult, Collector
+from investigations.composition import Engine, open_engine
 from investigations.config import Settings
-from investigations.evidence import EvidenceStore
-from investigations.fetcher import Fetcher
-from investigations.pacing import Circuits, GapSampler, RateLanes
 from investigations.records import RecordStore
 from investigations.specs import SourceCatalog
 from investigations.store import StateStore
@@ -41,7 +37,7 @@ class FleetResource(ConfigurableResource):
     identities: IdentityPoolResource | None = None
 
     _store: StateStore | None = PrivateAttr(default=None)
-    _fetcher: Fetcher | None = PrivateAttr(default=None)
+    _engine: Engine | None = PrivateAttr(default=None)
     _own_identities: IdentityPoolResource | None = PrivateAttr(default=None)
     # Batch runs collect several leads at once in threads: the first of them opens the engine.
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
@@ -73,26 +69,25 @@ class FleetResource(ConfigurableResource):
     def records(self) -> RecordStore:
         return RecordStore(self.settings().records_dir)
 
-    def collector(self) -> Collector:
-        """The engine's collector: every request paced through the shared rate lanes and circuits,
-        sent as an identity leased from the shared pool (or directly, without an identities file)."""
+    def engine(self) -> Engine:
+        """The run's engine (see investigations.composition), opened on first use and closed at
+        teardown: every request paced through the shared rate lanes and circuits, sent as an
+        identity leased through the proxy resource (or directly, without an identities file)."""
         store = self.store
         with self._lock:
-            if self._fetcher is None:
+            if self._engine is None:
                 pool = cookies = None
                 proxies = self._proxy_resource()
                 if proxies.settings().identities_path is not None:
                     # Opened per run: an edit of the file (or a rotated password in the environment)
                     # reaches the next run. A broken file fails here, naming the identity and key.
                     pool, cookies = proxies.pool, proxies.cookies
-                lanes = RateLanes(store, sampler=GapSampler(random.Random()))
-                self._fetcher = Fetcher(sink=store, lanes=lanes, pool=pool, cookies=cookies)
-            fetcher = self._fetcher
-        # Bootstrap files (RDAP's, Common Crawl's collection list) are kept in the data dir, so
-        # one-lead runs do not each ask for them again.
-        return Collector(catalog=self.catalog, store=store, records=self.records, fetcher=fetcher,
-                         circuits=Circuits(store), cache=TtlCache(self.settings().data_dir / "cache"),
-                         evidence=EvidenceStore(self.settings().data_dir))
+                self._engine = open_engine(self.settings(), store=store, pool=pool, cookies=cookies)
+            return self._engine
+
+    def collector(self) -> Collector:
+        """The engine's collector, over the sources file as it is now."""
+        return self.engine().collector(self.catalog)
 
     def _proxy_resource(self) -> IdentityPoolResource:
         """The identity pool's resource: the one Definitions handed over, else one of our own."""
@@ -112,10 +107,10 @@ class FleetResource(ConfigurableResource):
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         with self._lock:
-            fetcher, own, store = self._fetcher, self._own_identities, self._store
-            self._fetcher = self._own_identities = self._store = None
-        if fetcher is not None:
-            fetcher.close()
+            engine, own, store = self._engine, self._own_identities, self._store
+            self._engine = self._own_identities = self._store = None
+        if engine is not None:
+            engine.close()  # its HTTP clients; the store and pool it was handed are closed below
         if own is not None:
             # Leases are released by each collection's `finally`; this closes the pool's
             # connections. A pool handed over by Definitions is closed by its own teardown.
