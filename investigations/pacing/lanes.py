@@ -62,9 +62,14 @@ def source_lane(spec: SourceSpec) -> LaneSpec:
     return LaneSpec(f"source:{spec.name}", spec.rate.source_per_s, spec.rate.source_burst)
 
 
+def identity_lane_name(source: str, identity_id: str) -> str:
+    """The name of `identity_id`'s lane at `source` (the identity pool reads lanes by it)."""
+    return f"identity:{source}:{identity_id}"
+
+
 def identity_lane(spec: SourceSpec, identity_id: str) -> LaneSpec:
     """The lane of one identity on one source: what the source sees from that one visitor."""
-    return LaneSpec(f"identity:{spec.name}:{identity_id}", spec.rate.identity_per_s, spec.rate.identity_burst,
+    return LaneSpec(identity_lane_name(spec.name, identity_id), spec.rate.identity_per_s, spec.rate.identity_burst,
                     guard_rhythm=True)
 
 

@@ -279,7 +279,7 @@ def test_a_crash_after_the_write_neither_loses_the_lead_nor_writes_it_twice(
 def test_the_bookkeeping_of_a_collection_is_one_transaction(
     world: World, fleet: SourceCatalog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from investigations.store import state
+    from investigations.store import collections
 
     lead_id = world.lead()
     _dispatched(world, lead_id)
@@ -288,7 +288,7 @@ def test_the_bookkeeping_of_a_collection_is_one_transaction(
         raise Killed
 
     # Killed after the collection row was written, before the queue row was closed: both roll back.
-    monkeypatch.setattr(state, "_finish_dispatched", crash)
+    monkeypatch.setattr(collections, "finish_dispatched_rows", crash)
     with pytest.raises(Killed):
         world.collector(fleet).collect("robust", lead_id, run_id="run-killed")
     assert world.store.collection("robust", lead_id) is None

@@ -1,0 +1,251 @@
+"""Leads, cases and the webhook inbox: what investigators asked about, and in what order it arrived."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, text
+
+from investigations.leads import Lead
+from investigations.store import schema as s
+from investigations.store.sql import Tables, upsert, utcnow
+
+_INBOX_LOCK_KEY = 0x1B0C5  # serializes intake commits on Postgres so inbox ids follow commit order
+
+
+@dataclass(frozen=True)
+class AcceptResult:
+    """What one webhook delivery added: new lead ids and the ones this webhook had already delivered."""
+
+    accepted: list[str]
+    duplicates: list[str]
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    id: int
+    webhook_id: str
+    case_id: str
+    lead: Lead
+    sources: list[str] | None
+    priority_class: str
+    received_at: datetime
+
+
+
+class LeadTables(Tables):
+    """Leads, cases and the inbox."""
+
+    def accept_leads(
+        self,
+        *,
+        webhook_id: str,
+        case_id: str,
+        leads: Sequence[Lead],
+        sources: Sequence[str] | None,
+        priority_class: str,
+        now: datetime | None = None,
+    ) -> AcceptResult:
+        """Store one webhook delivery in a single transaction, idempotently by (webhook id, lead).
+
+        A redelivered webhook adds nothing; the same lead in a new webhook (another case, say) is a
+        new inbox row, so the case link is recorded and the lead collected for it.
+        """
+        now = now or utcnow()
+        unique = list({lead.id: lead for lead in leads}.values())
+        sources_json = json.dumps(sorted(set(sources))) if sources else None
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _INBOX_LOCK_KEY})
+            upsert(conn, s.cases, [{"case_id": case_id, "status": "active", "created_at": now, "updated_at": now}],
+                    keys=["case_id"], update=[])
+            upsert(conn, s.leads,
+                    [{"lead_id": lead.id, "kind": lead.kind, "value": lead.value, "created_at": now} for lead in unique],
+                    keys=["lead_id"], update=[])
+            upsert(conn, s.case_leads,
+                    [{"case_id": case_id, "lead_id": lead.id, "added_at": now} for lead in unique],
+                    keys=["case_id", "lead_id"], update=[])
+            delivered = set(
+                conn.scalars(
+                    select(s.inbox.c.lead_id).where(
+                        s.inbox.c.webhook_id == webhook_id, s.inbox.c.lead_id.in_([lead.id for lead in unique])
+                    )
+                )
+            )
+            fresh = [lead for lead in unique if lead.id not in delivered]
+            if fresh:
+                conn.execute(
+                    s.inbox.insert(),
+                    [
+                        {
+                            "webhook_id": webhook_id,
+                            "case_id": case_id,
+                            "lead_id": lead.id,
+                            "sources": sources_json,
+                            "priority_class": priority_class,
+                            "received_at": now,
+                        }
+                        for lead in fresh
+                    ],
+                )
+        return AcceptResult(accepted=[lead.id for lead in fresh], duplicates=sorted(delivered))
+
+    def inbox_after(self, cursor: int, *, limit: int) -> list[InboxItem]:
+        """Inbox rows with id above `cursor`, oldest first, at most `limit`."""
+        query = (
+            select(s.inbox, s.leads.c.kind, s.leads.c.value)
+            .join(s.leads, s.leads.c.lead_id == s.inbox.c.lead_id)
+            .where(s.inbox.c.id > cursor)
+            .order_by(s.inbox.c.id)
+            .limit(limit)
+        )
+        with self.engine.begin() as conn:
+            rows = conn.execute(query).mappings().all()
+        return [
+            InboxItem(
+                id=row["id"],
+                webhook_id=row["webhook_id"],
+                case_id=row["case_id"],
+                lead=Lead(row["kind"], row["value"]),
+                sources=json.loads(row["sources"]) if row["sources"] else None,
+                priority_class=row["priority_class"],
+                received_at=row["received_at"],
+            )
+            for row in rows
+        ]
+
+    def last_inbox_id(self) -> int:
+        """The id of the newest inbox row (0 for an empty inbox): one index look-up, cheap to poll."""
+        with self.engine.begin() as conn:
+            return conn.execute(select(func.max(s.inbox.c.id))).scalar() or 0
+
+    def get_lead(self, lead_id: str) -> Lead | None:
+        with self.engine.begin() as conn:
+            row = conn.execute(select(s.leads.c.kind, s.leads.c.value).where(s.leads.c.lead_id == lead_id)).first()
+        return Lead(row.kind, row.value) if row else None
+
+    def add_lead(self, lead: Lead, *, case_id: str | None = None, now: datetime | None = None) -> None:
+        """Register a lead directly (CLI, tests), optionally in a case, without queueing a collection."""
+        self.add_leads([lead], case_id=case_id, now=now)
+
+    def add_leads(self, leads: Sequence[Lead], *, case_id: str | None = None, now: datetime | None = None) -> int:
+        """Register leads in one transaction (idempotent by lead id), optionally in a case; return how
+        many were given, each once. No collection is queued."""
+        now = now or utcnow()
+        unique = list({lead.id: lead for lead in leads}.values())
+        if not unique:
+            return 0
+        with self.engine.begin() as conn:
+            upsert(conn, s.leads, [{"lead_id": lead.id, "kind": lead.kind, "value": lead.value, "created_at": now}
+                                    for lead in unique], keys=["lead_id"], update=[])
+            if case_id:
+                upsert(conn, s.cases, [{"case_id": case_id, "status": "active", "created_at": now, "updated_at": now}],
+                        keys=["case_id"], update=[])
+                upsert(conn, s.case_leads, [{"case_id": case_id, "lead_id": lead.id, "added_at": now}
+                                             for lead in unique], keys=["case_id", "lead_id"], update=[])
+        return len(unique)
+
+    def leads_overview(self) -> list[dict[str, Any]]:
+        """Every lead with its cases and, per source, the last collection outcome and success time."""
+        with self.engine.begin() as conn:
+            lead_rows = conn.execute(select(s.leads).order_by(s.leads.c.created_at, s.leads.c.lead_id)).mappings().all()
+            links = conn.execute(select(s.case_leads.c.lead_id, s.case_leads.c.case_id)).all()
+            colls = conn.execute(select(s.collections)).mappings().all()
+        cases_of: dict[str, list[str]] = {}
+        for lead_id, case_id in links:
+            cases_of.setdefault(lead_id, []).append(case_id)
+        colls_of: dict[str, dict[str, dict[str, Any]]] = {}
+        for row in colls:
+            colls_of.setdefault(row["lead_id"], {})[row["source"]] = dict(row)
+        return [
+            {
+                "lead_id": row["lead_id"],
+                "kind": row["kind"],
+                "value": row["value"],
+                "cases": sorted(cases_of.get(row["lead_id"], [])),
+                "collections": colls_of.get(row["lead_id"], {}),
+            }
+            for row in lead_rows
+        ]
+
+    def set_case_status(self, case_id: str, status: str, *, now: datetime | None = None) -> bool:
+        """Close or re-open a case; return whether it changed. A closed case's leads stop being
+        monitored unless another active case holds them."""
+        if status not in ("active", "closed"):
+            raise ValueError(f"case status must be active or closed, not {status!r}")
+        with self.engine.begin() as conn:
+            current = conn.execute(select(s.cases.c.status).where(s.cases.c.case_id == case_id)).scalar()
+            if current is None:
+                raise KeyError(f"unknown case {case_id!r}")
+            if current == status:
+                return False
+            conn.execute(s.cases.update().where(s.cases.c.case_id == case_id)
+                         .values(status=status, updated_at=now or utcnow()))
+            return True
+
+    def cases_overview(self) -> list[dict[str, Any]]:
+        """Every case with its status and how many leads it holds."""
+        query = (
+            select(s.cases, func.count(s.case_leads.c.lead_id).label("leads"))
+            .select_from(s.cases.outerjoin(s.case_leads, s.case_leads.c.case_id == s.cases.c.case_id))
+            .group_by(*s.cases.c)
+            .order_by(s.cases.c.created_at, s.cases.c.case_id)
+        )
+        with self.engine.begin() as conn:
+            return [dict(row) for row in conn.execute(query).mappings()]
+
+    def stale_monitored(
+        self, source: str, *, lead_kinds: Sequence[str], older_than: datetime, limit: int
+    ) -> list[str]:
+        """Leads due a recurring crawl by `source`, stalest first.
+
+        Monitored: in at least one active case, collected by this source before, not dead-lettered
+        there (a human decides about those) and not already waiting or running for it. Due: its last
+        success (or, never having succeeded, its last attempt) is older than `older_than`.
+        """
+        c, q, dl = s.collections, s.collection_queue, s.dead_letters
+        active = (
+            select(s.case_leads.c.lead_id)
+            .join(s.cases, s.cases.c.case_id == s.case_leads.c.case_id)
+            .where(s.cases.c.status == "active")
+        )
+        pending = select(q.c.lead_id).where(q.c.source == source, q.c.state != "done")
+        dead = select(dl.c.lead_id).where(dl.c.source == source)
+        last = func.coalesce(c.c.last_success_at, c.c.last_attempt_at)
+        query = (
+            select(c.c.lead_id)
+            .join(s.leads, s.leads.c.lead_id == c.c.lead_id)
+            .where(
+                c.c.source == source,
+                s.leads.c.kind.in_(list(lead_kinds)),
+                last < older_than,
+                c.c.lead_id.in_(active),
+                c.c.lead_id.not_in(pending),
+                c.c.lead_id.not_in(dead),
+            )
+            .order_by(last, c.c.lead_id)
+            .limit(limit)
+        )
+        with self.engine.begin() as conn:
+            return list(conn.scalars(query))
+
+    def all_lead_ids(self, *, kinds: Sequence[str]) -> list[str]:
+        """Every lead of these kinds, oldest first (what a full backfill of a source covers)."""
+        query = select(s.leads.c.lead_id).where(s.leads.c.kind.in_(list(kinds))).order_by(
+            s.leads.c.created_at, s.leads.c.lead_id)
+        with self.engine.begin() as conn:
+            return list(conn.scalars(query))
+
+    def lead_ids_since(self, since: datetime | None) -> list[str]:
+        """The leads registered at or after `since` (every lead when None), oldest first: what the
+        Dagster layer adds to the `leads` partitions as leads join the fleet."""
+        query = select(s.leads.c.lead_id).order_by(s.leads.c.created_at, s.leads.c.lead_id)
+        if since is not None:
+            query = query.where(s.leads.c.created_at >= since)
+        with self.engine.begin() as conn:
+            return list(conn.scalars(query))
+
