@@ -25,13 +25,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NoReturn
 
-import httpx
-
 from investigations.adapters import ParsedRecord, ParseError, TtlCache, build_adapter
 from investigations.evidence import Capture, EvidenceStore
-from investigations.fetcher import Fetcher, FetchFailed, FetchParked, IdentityBlocked
-from investigations.identities import Lease
-from investigations.pacing import Circuits
+from investigations.fetcher import Fetcher, FetchFailed, FetchParked
+from investigations.identities.sessions import IdentityBlocked, IdentitySession, Sessions
+from investigations.pacing import Circuits, RateLanes
 from investigations.records import RecordStore
 from investigations.redaction import redact_url
 from investigations.specs import SourceCatalog, SourceSpec
@@ -203,7 +201,7 @@ class Collector:
         captures: list[Capture] = []  # captures[i]: the answer found[i] was parsed from
         evidence = self.evidence.open(source, lead_id, now=self.now)
         requests = 0
-        identities = _Identities(self.fetcher, spec, holder=run_id or f"collect-{uuid.uuid4().hex}")
+        identities = _Identities(self.fetcher.sessions, self.fetcher.lanes, spec, holder=run_id or f"collect-{uuid.uuid4().hex}")
         try:
             if not self._lease_first(identities, source):
                 busy = identities.others_leasing()
@@ -222,7 +220,7 @@ class Collector:
                 while True:
                     try:
                         response = self.fetcher.fetch(spec, planned, lead_id=lead_id, run_id=run_id,
-                                                      lease=identities.current(), background=background,
+                                                      session=identities.current(), background=background,
                                                       judge=adapter)
                         break
                     except IdentityBlocked as blocked:
@@ -376,20 +374,21 @@ class Collector:
 
 
 class _Identities:
-    """The identities one collection sends as: at most one lease at a time, each released (and its
-    cookies saved) when dropped or when the collection ends. Without a pool: the direct identity."""
+    """The identities one collection sends as: at most one session at a time, each closed (its
+    cookies saved, its lease released) when dropped or when the collection ends. Without a pool:
+    the direct identity's session."""
 
-    def __init__(self, fetcher: Fetcher, spec: SourceSpec, *, holder: str) -> None:
-        self._fetcher = fetcher
-        self._pool = fetcher.pool
+    def __init__(self, sessions: Sessions, lanes: RateLanes | None, spec: SourceSpec, *, holder: str) -> None:
+        self._sessions = sessions
+        self._pool = sessions.pool
+        self._lanes = lanes
         self._spec = spec
         self._holder = holder
         self._ttl_s = lease_ttl_s(spec)
-        self._lease: Lease | None = None
+        self._session: IdentitySession | None = None
         self._fresh = False  # the lease was just taken: no heartbeat before its first request
-        self._base: httpx.Cookies | None = None
         self.used = 0
-        self.identity_ids: list[str] = [] if self._pool is not None else [fetcher.identity_id]
+        self.identity_ids: list[str] = [] if self._pool is not None else [sessions.direct().identity_id]
         self.lease_ids: list[str] = []
 
     def lease_next(self) -> bool:
@@ -397,51 +396,42 @@ class _Identities:
         (it then waits for its lane in the fetcher). False when none can be leased."""
         if self._pool is None:
             return True
-        lanes = self._fetcher.lanes
         lease = None
-        if lanes is not None:
-            lease = self._pool.acquire(self._spec.name, holder=self._holder, ttl_s=self._ttl_s, lanes=lanes,
+        if self._lanes is not None:
+            lease = self._pool.acquire(self._spec.name, holder=self._holder, ttl_s=self._ttl_s, lanes=self._lanes,
                                        min_tier=self._min_tier())
         if lease is None:
             lease = self._pool.acquire(self._spec.name, holder=self._holder, ttl_s=self._ttl_s,
                                        min_tier=self._min_tier())
         if lease is None:
             return False
-        self._lease, self._fresh = lease, True
+        self._session, self._fresh = self._sessions.open(lease), True
         self.used += 1
         if lease.identity_id not in self.identity_ids:
             self.identity_ids.append(lease.identity_id)
         self.lease_ids.append(lease.lease_id)
-        self._base = self._fetcher.load_cookies(lease)
         return True
 
     def others_leasing(self) -> bool:
         """Whether other collections hold leases for the source now (so one may free up soon)."""
         return self._pool is not None and bool(self._pool.active_leases(self._spec.name))
 
-    def current(self) -> Lease | None:
-        """The lease to send the next request under, extended first unless just taken. A lease lost
-        meanwhile (expired and taken over) raises IdentityBlocked, as a blocked identity would."""
-        if self._lease is None or self._pool is None:
-            return None
+    def current(self) -> IdentitySession:
+        """The session to send the next request in, its lease extended first unless just taken. A
+        lease lost meanwhile (expired and taken over) raises IdentityBlocked, as a blocked identity would."""
+        if self._session is None:
+            return self._sessions.direct()
         if self._fresh:
             self._fresh = False
-            return self._lease
-        extended = self._pool.heartbeat(self._lease, ttl_s=self._ttl_s)
-        if extended is None:
-            raise IdentityBlocked(self._lease.identity_id, None, 0, "the lease expired or was taken over")
-        self._lease = extended
-        return extended
+        else:
+            self._session.heartbeat(ttl_s=self._ttl_s)
+        return self._session
 
     def drop(self) -> None:
         """Give the current identity back: its cookies saved, its lease released."""
-        lease, self._lease = self._lease, None
-        if lease is None or self._pool is None:
-            return
-        try:
-            self._fetcher.save_cookies(lease, self._base)
-        finally:
-            self._pool.release(lease)
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
 
     def close(self) -> None:
         self.drop()

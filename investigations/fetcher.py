@@ -18,14 +18,13 @@ Without a lease (no identities file) it sends as the one `direct` identity, with
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 
@@ -38,7 +37,8 @@ from investigations.classify import (
     parse_retry_after_s,
 )
 from investigations.events import FetchEvent, Outcome
-from investigations.identities import CookieStore, IdentityPool, IdentityVerdict, Lease, classify_for_identity
+from investigations.identities import CookieStore, IdentityPool, IdentityVerdict, classify_for_identity
+from investigations.identities.sessions import IdentitySession, Sessions
 from investigations.netguard import (
     Resolver,
     TargetAllowance,
@@ -49,8 +49,8 @@ from investigations.netguard import (
 )
 from investigations.pacing import RateLanes, identity_lane, source_lane
 from investigations.pacing.waiting import LaneFull, LaneWaiter
-from investigations.pinning import PinnedTransport, allowance_scope
-from investigations.redaction import redact, redact_url, register_secret
+from investigations.pinning import allowance_scope
+from investigations.redaction import redact, redact_url
 from investigations.specs import SourceSpec
 
 if TYPE_CHECKING:  # adapters import the fetcher's results; the dependency stays one-way at runtime
@@ -98,19 +98,6 @@ class FetchFailed(Exception):
         self.last_error = last_error
 
 
-class IdentityBlocked(Exception):
-    """Stop sending as this lease's identity at this source: the pool sent it to rest (a block page,
-    a 403, too many 401/429s, a dead proxy) or the lease is no longer current. Not a failure of the
-    collection: the caller releases the lease and goes on with another identity."""
-
-    def __init__(self, identity_id: str, last_status: int | None, requests: int, reason: str) -> None:
-        super().__init__(f"identity {identity_id} stopped after {requests} request(s): {reason}")
-        self.identity_id = identity_id
-        self.last_status = last_status
-        self.requests = requests
-        self.reason = reason
-
-
 class FetchParked(Exception):
     """The source kept throttling (or its lane stayed full) past `throttle.park_after_s`: the work
     should wait `retry_in_s` and come back, not fail. No retry attempt was spent on 429s."""
@@ -151,9 +138,10 @@ def _utc_now() -> datetime:
 class Fetcher:
     """Sends planned requests with retries, the SSRF guard and one logged event per attempt.
 
-    Owns one `httpx.Client` for the direct identity and one per leased identity (created on first
-    use, kept for the fetcher's life); close them with `close()` or use the fetcher as a context
-    manager. `pool` receives the health reports; `cookies` keeps the identities' jars across runs.
+    A request goes out through the `IdentitySession` it is handed (its client, and where what the
+    answer says of the identity goes); without one, as the direct identity. The fetcher's `sessions`
+    (over `pool` and `cookies`) hold one HTTP client per identity for the fetcher's life; close them
+    with `close()` or use the fetcher as a context manager.
     """
 
     def __init__(
@@ -178,8 +166,6 @@ class Fetcher:
         self._sink = sink
         self._resolve = resolve
         self._lanes = lanes
-        self.pool = pool
-        self.cookies = cookies
         self.identity_id = identity_id
         self._rng = rng or random.Random()
         self._sleep = sleep
@@ -187,17 +173,8 @@ class Fetcher:
         self._now = now
         self._max_redirects = max_redirects
         self._max_body_bytes = max_body_bytes
-        # Redirects are followed here, hop by hop, so each hop passes the target guard. trust_env is
-        # off so proxy variables and .netrc never change the identity or add credentials unseen.
-        # Without a given transport (tests give one), direct connections go through the pinned
-        # transport: the name is resolved once and a checked address is dialled.
-        self._transport = transport
-        self._client = httpx.Client(
-            transport=transport if transport is not None else PinnedTransport(resolve=resolve),
-            follow_redirects=False, trust_env=False, headers={"User-Agent": user_agent},
-        )
-        self._identity_clients: dict[str, httpx.Client] = {}
-        self._clients_lock = threading.Lock()
+        self.sessions = Sessions(pool=pool, cookies=cookies, direct_id=identity_id, user_agent=user_agent,
+                                 transport=transport, resolve=resolve)
         # How this process's requests wait for their slots on the shared lanes (pacing.waiting).
         self._waiter = LaneWaiter(lanes, sleep=sleep, clock=clock, max_wait_s=max_lane_wait_s) if lanes is not None else None
 
@@ -206,61 +183,14 @@ class Fetcher:
         """The rate lanes this fetcher paces on (None: unpaced)."""
         return self._lanes
 
+    @property
+    def pool(self) -> IdentityPool | None:
+        """The identity pool the sessions lease from and report to (None: the direct identity only)."""
+        return self.sessions.pool
+
     def close(self) -> None:
         """Close every HTTP client and its connections."""
-        with self._clients_lock:
-            clients, self._identity_clients = list(self._identity_clients.values()), {}
-        for client in [self._client, *clients]:
-            client.close()
-
-    def _client_for(self, lease: Lease | None) -> httpx.Client:
-        """The HTTP client of the lease's identity (the direct one without a lease).
-
-        One per identity, so an identity always shows the same proxy exit, headers and cookies, and
-        two identities never share a connection or a jar. The fingerprint's ordered headers include
-        every default httpx would add, so the order on the wire is the profile's (Host first).
-        """
-        if lease is None:
-            return self._client
-        with self._clients_lock:
-            client = self._identity_clients.get(lease.identity_id)
-            if client is None:
-                identity = lease.identity
-                proxy = identity.proxy()
-                if proxy is not None:
-                    # The proxy password is sent on every request through it; never written anywhere.
-                    password = urlsplit(proxy).password
-                    register_secret(password)
-                    register_secret(unquote(password) if password else None)
-                # Through a proxy the proxy resolves the target; a direct identity is pinned.
-                transport = self._transport
-                if transport is None and proxy is None:
-                    transport = PinnedTransport(resolve=self._resolve)
-                client = httpx.Client(
-                    transport=transport,  # only where no proxy is set: a proxy mount takes precedence
-                    proxy=proxy,
-                    follow_redirects=False,
-                    trust_env=False,
-                    headers=identity.fingerprint.ordered_headers(),
-                )
-                self._identity_clients[lease.identity_id] = client
-            return client
-
-    def load_cookies(self, lease: Lease) -> httpx.Cookies | None:
-        """Put the identity's stored cookies into its client; returns the jar loaded, which is the
-        `base` to hand back to `save_cookies` (so cookies the site deletes meanwhile are deleted)."""
-        if self.cookies is None:
-            return None
-        stored = self.cookies.load(lease.identity_id)
-        jar = self._client_for(lease).cookies.jar
-        for cookie in stored.jar:
-            jar.set_cookie(cookie)
-        return stored
-
-    def save_cookies(self, lease: Lease, base: httpx.Cookies | None) -> None:
-        """Merge the identity's jar back into the store (see CookieStore.save)."""
-        if self.cookies is not None:
-            self.cookies.save(lease.identity_id, self._client_for(lease).cookies, base=base)
+        self.sessions.close()
 
     def __enter__(self) -> Self:
         return self
@@ -277,12 +207,12 @@ class Fetcher:
         *,
         lead_id: str,
         run_id: str | None = None,
-        lease: Lease | None = None,
+        session: IdentitySession | None = None,
         background: bool = False,
         judge: AnswerJudge | None = None,
     ) -> FetchResult:
-        """Send `request` for `lead_id` under `spec`'s timeout and retry policy, as the lease's
-        identity (or the direct one without a lease); `background` work (recurring crawls,
+        """Send `request` for `lead_id` under `spec`'s timeout and retry policy, as the session's
+        identity (the direct one without a session); `background` work (recurring crawls,
         backfills) leaves the lanes' later slots to fresh leads (see `pacing.waiting`). `judge`
         (the source's adapter) reads answers by the source's own rules where its statuses and
         headers say more than HTTP's general ones (classify.Verdict).
@@ -291,9 +221,8 @@ class Fetcher:
         refused, FetchParked when the source keeps throttling, IdentityBlocked when the identity
         must not send here any more. Every attempt is recorded through the sink, whatever its outcome.
         """
-        identity_id = lease.identity_id if lease is not None else self.identity_id
-        client = self._client_for(lease)
-        proxied = lease is not None and lease.identity.proxy_url is not None
+        session = session or self.sessions.direct()
+        identity_id, client, proxied = session.identity_id, session.client, session.proxied
         lanes = [source_lane(spec), identity_lane(spec, identity_id)]
         attempt = 0  # attempts that spend the retry budget (a 429 does not)
         sent = 0
@@ -332,8 +261,7 @@ class Fetcher:
             if self._lanes is not None:
                 self._lanes.feedback(lanes, outcome=result.outcome, timed_out=result.timed_out,
                                      retry_after_s=retry_after_s, throttle=spec.throttle)
-            if lease is not None:
-                self._report(spec, lease, result, sent)
+            self._report(spec, session, result, sent)
             if result.slow_down:
                 # Being told to slow down is not the collection failing: wait (Retry-After is a floor,
                 # the lane already slowed) without spending an attempt, until it lasts too long.
@@ -359,25 +287,14 @@ class Fetcher:
                 raise FetchFailed(result.outcome.value, result.status, sent, f"{error} ({step.reason})")
             self._sleep(step.delay_s)
 
-    def _report(self, spec: SourceSpec, lease: Lease, result: _Attempt, sent: int) -> None:
-        """Tell the pool what the answer says about the identity; raise IdentityBlocked when the
-        identity may not go on (sent to rest or retired there, or the lease is no longer current)."""
-        if self.pool is None:
-            return
-        verdict = _identity_verdict(spec, result)
+    def _report(self, spec: SourceSpec, session: IdentitySession, result: _Attempt, sent: int) -> None:
+        """Tell the session what the answer says about its identity (it raises IdentityBlocked when
+        the identity may not go on)."""
+        what = f"HTTP {result.status}" if result.status is not None else (result.error or "no answer")
         # A source's own rate limit (a GitHub 403 with no allowance left) weighs on the identity as
         # a 429 does, not as the hard block its status alone would be.
-        status = 429 if result.slow_down else result.status
-        if not self.pool.report(lease, verdict, status=status):
-            raise IdentityBlocked(lease.identity_id, result.status, sent, "the lease expired or was taken over")
-        if verdict != "identity_fault":
-            return
-        # Only a fault can have flagged it: read back whether the pool's policy now rests it.
-        health = self.pool.health(lease.identity_id, lease.source)
-        if health is not None and health.state != "healthy":
-            what = f"HTTP {result.status}" if result.status is not None else (result.error or "no answer")
-            raise IdentityBlocked(lease.identity_id, result.status, sent,
-                                  f"{health.state} at {spec.name} after {what}")
+        session.report(spec.name, _identity_verdict(spec, result), status=429 if result.slow_down else result.status,
+                       answered=result.status, sent=sent, what=what)
 
     def _attempt(
         self, spec: SourceSpec, request: PlannedRequest, client: httpx.Client, *, proxied: bool,

@@ -1,8 +1,10 @@
 """Identity pool: what requests go out as (proxy + cookies + fingerprint), leased per source.
 
 Identities come from the identities file (`config`), keep a health per source (`health`, a pure
-state machine), are leased from the state store with fencing tokens (`pool`) and keep their cookie
-jar across runs (`sessions`). Plain Python, no Dagster: `resources/identities.py` hands it to runs.
+state machine), are leased from the state store with fencing tokens (`pool`, its SQL hot path in
+`store/leases.py`), and send through a session (`sessions`): the identity's HTTP client and cookie
+jar, kept across runs, and where the fetcher reports what each answer says of the identity. Plain
+Python, no Dagster: `resources/identities.py` hands it to runs.
 """
 
 from investigations.identities.config import (
@@ -34,9 +36,12 @@ from investigations.identities.health import (
     rest_s,
 )
 from investigations.identities.pool import IdentityPool, IdentityUnavailable, Lease, identity_lane_name
-from investigations.identities.sessions import CookieStore
+from investigations.identities.sessions import CookieStore, IdentityBlocked, IdentitySession, Sessions
 
 __all__ = [
+    "IdentityBlocked",
+    "IdentitySession",
+    "Sessions",
     "DEFAULT_BLOCK_MARKERS",
     "DEFAULT_FINGERPRINT",
     "DEFAULT_POLICY",

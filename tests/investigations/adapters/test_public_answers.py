@@ -412,7 +412,7 @@ def identity_state_after(source: str, answer: str, sqlite_store) -> str:
     lease = pool.acquire(source, holder="test", ttl_s=600)
     assert lease is not None
     try:
-        fetcher.fetch(spec, PlannedRequest("GET", LOOKUP_URLS[source]), lead_id="lead-1", lease=lease,
+        fetcher.fetch(spec, PlannedRequest("GET", LOOKUP_URLS[source]), lead_id="lead-1", session=fetcher.sessions.open(lease),
                       judge=build_adapter(spec))
     except Exception:  # parked, failed or blocked: the identity's health is what this looks at
         pass
