@@ -9,11 +9,16 @@ Three rules live here, each with its reason:
   every slot would cost a transaction each;
 - an identity whose last send waited behind other identities on the source lane thinks first (on
   the scale of its own period), so identities sharing a busy source do not take its slots in a
-  fixed turn (see GapSampler.think_s). Background requests do not think (see `LaneWaiter.wait`).
+  fixed turn (see GapSampler.think_s). Background requests do not think (see `LaneWaiter.wait`);
+- a request that wakes for its slot more than one interval late (a stalled process: the GC, a busy
+  CPU, a slow database) asks for a new slot instead of sending: every thread of a stalled process
+  wakes late at once, and sending them all would put a burst on the wire that the lanes never
+  booked, past a strict limiter's allowance. At most MAX_REBOOKS times per request, then it goes.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,10 +26,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from investigations.pacing.lanes import LaneSpec, RateLanes
+from investigations.pacing.lanes import LaneSpec, RateLanes, Reservation
 
 if TYPE_CHECKING:
     from investigations.specs import SourceSpec
+
+log = logging.getLogger(__name__)
 
 # Background work books a lane's slot at most this many intervals ahead, so a busy lane's queue is
 # never a batch's: a fresh lead's request waits a slot or two, not behind every waiting batch thread.
@@ -35,6 +42,10 @@ TURN_MAX_INTERVALS = 20
 # A send that waited more than this many of the source's intervals had other identities ahead of it
 # (alone, an identity waits at most one: its own previous slot).
 TURN_BEHIND_INTERVALS = 1.5
+# A send this many of its tightest lane's intervals later than its slot books a new one; a request
+# does so at most MAX_REBOOKS times (a process that is always late must still send).
+LATE_INTERVALS = 1.0
+MAX_REBOOKS = 3
 
 
 class LaneFull(Exception):
@@ -69,6 +80,7 @@ class LaneWaiter:
         # Per source lane: the gate a process's background requests pass one at a time.
         self._gates: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        self.rebooked = 0  # requests that woke too late for their slot and booked another
 
     def wait(self, spec: SourceSpec, lanes: Sequence[LaneSpec], park_at: float | None, *,
              background: bool = False) -> None:
@@ -86,7 +98,33 @@ class LaneWaiter:
         if turn is not None and turn.behind_others and turn.period_s is not None and not background:
             self._sleep(self.lanes.think_s(turn.period_s))
         give_up_at = park_at if park_at is not None else self._clock() + spec.throttle.park_after_s
-        yielded_to_others = False  # a background request that stood back while the source lane was booked
+        late_limit_s = LATE_INTERVALS / max(spec.rate.source_per_s, spec.rate.identity_per_s)
+        for rebook in range(MAX_REBOOKS + 1):
+            reservation, yielded_to_others = self._reserve(spec, lanes, give_up_at, background=background)
+            planned_at = self._clock() + reservation.wait_s
+            self._sleep(reservation.wait_s)
+            late_s = self._clock() - planned_at
+            if late_s <= late_limit_s or rebook == MAX_REBOOKS:
+                break
+            self.rebooked += 1
+            log.info("late for its slot by %.3f s (limit %.3f s): booked again: lane=%s", late_s, late_limit_s,
+                     lanes[-1].name)
+        sent_at = self._clock()
+        # A period longer than a few source intervals is an identity coming back from idle, not one
+        # taking turns: it has no turn to shuffle.
+        period = sent_at - turn.sent_at_s if turn is not None else None
+        if period is not None and period > TURN_MAX_INTERVALS / spec.rate.source_per_s:
+            period = None
+        behind = yielded_to_others or (reservation.held_by == source
+                                       and reservation.held_intervals > TURN_BEHIND_INTERVALS)
+        self._turns[own] = _Turn(sent_at_s=sent_at, period_s=period, behind_others=behind)
+
+    def _reserve(self, spec: SourceSpec, lanes: Sequence[LaneSpec], give_up_at: float, *,
+                 background: bool) -> tuple[Reservation, bool]:
+        """A granted reservation on `lanes`, and whether a background request stood back for it while
+        the source lane was booked by others; raises LaneFull past `give_up_at`."""
+        source = lanes[0].name
+        yielded_to_others = False
         while True:
             # The one asking books its slot (or hears why not: a floor, a full lane), then lets the next ask.
             with self._gate(source) if background else nullcontext():
@@ -100,7 +138,7 @@ class LaneWaiter:
                     yielded_to_others = yielded_to_others or reservation.held_by == source
                     self._sleep(reservation.yield_s)
             if reservation.granted:
-                break
+                return reservation, yielded_to_others
             if self._clock() + reservation.wait_s >= give_up_at:
                 raise LaneFull(reservation.wait_s)
             if reservation.rhythm_extra_s > 0:
@@ -110,16 +148,6 @@ class LaneWaiter:
                 # Nothing was reserved: wait part of the way and ask again, so a lane that speeds up
                 # (AIMD recovering) is used as soon as it does.
                 self._sleep(min(reservation.wait_s, self._max_wait_s) / 2)
-        self._sleep(reservation.wait_s)
-        sent_at = self._clock()
-        # A period longer than a few source intervals is an identity coming back from idle, not one
-        # taking turns: it has no turn to shuffle.
-        period = sent_at - turn.sent_at_s if turn is not None else None
-        if period is not None and period > TURN_MAX_INTERVALS / spec.rate.source_per_s:
-            period = None
-        behind = yielded_to_others or (reservation.held_by == source
-                                       and reservation.held_intervals > TURN_BEHIND_INTERVALS)
-        self._turns[own] = _Turn(sent_at_s=sent_at, period_s=period, behind_others=behind)
 
     def _gate(self, source_lane_name: str) -> threading.Lock:
         with self._lock:
