@@ -156,8 +156,15 @@ class RateLanes:
         ordered = _unique_sorted(lanes)
         if not ordered:
             return Reservation(granted=True, wait_s=0.0)
-        now = self._clock()
         with self._store.engine.connect() as conn, conn.begin() as tx:
+            # The lanes' rows locked first (SQLite: BEGIN IMMEDIATE holds the write lock already),
+            # then the clock read: a request that waited for another's lock must not date its slot
+            # from before the wait. Slots dated in the past all open at once when the lock frees, a
+            # burst the lanes never meant (seen: six sends in 0.23 s at 8/s after a 0.6 s lock wait).
+            if conn.dialect.name == "postgresql":
+                conn.execute(select(_T.c.lane).where(_T.c.lane.in_([lane.name for lane in ordered]))
+                             .order_by(_T.c.lane).with_for_update())
+            now = self._clock()
             slots = [self._take_slot(conn, lane, now) for lane in ordered]
             binding = max(slots, key=lambda slot: slot.send_at_s)
             send_at = binding.send_at_s

@@ -12,6 +12,7 @@ import statistics
 from itertools import pairwise
 
 import pytest
+from sqlalchemy import event
 
 from investigations.events import Outcome
 from investigations.pacing import GapSampler, LaneSpec, RateLanes, aimd, identity_lane, source_lane
@@ -91,6 +92,28 @@ def test_an_idle_lane_saves_up_no_more_than_its_burst(lanes: RateLanes, clock: F
     waits(lanes, [lane], 5)
     clock.now += 60.0
     assert waits(lanes, [lane], 4) == pytest.approx([0.0, 0.0, 0.0, 0.1], abs=1e-9)
+
+
+def test_a_slot_is_dated_from_when_the_lane_was_locked_not_from_before_waiting_for_the_lock(
+    lanes: RateLanes, store: StateStore, clock: FakeClock
+) -> None:
+    """A request that waited for another's lock (here 0.5 s, as the clock moves while the
+    transaction begins) gets a slot from the moment it holds the lane: dated from before the wait,
+    every such request's slot would lie in the past and they would all go at once when it frees."""
+    waits(lanes, [TEN], 1)
+    clock.now += 10.0  # the lane idles: its next slot is "now", whenever now is
+
+    def lock_wait(conn) -> None:
+        clock.now += 0.5
+
+    event.listen(store.engine, "begin", lock_wait)
+    try:
+        reservation = lanes.reserve([TEN], max_wait_s=1.0)
+    finally:
+        event.remove(store.engine, "begin", lock_wait)
+    state = lanes.state(TEN.name)
+    assert reservation.granted and reservation.wait_s == pytest.approx(0.0)
+    assert state is not None and state.tat_s == pytest.approx(T0 + 10.0 + 0.5 + 0.1)
 
 
 def test_a_wait_beyond_max_wait_reserves_nothing(lanes: RateLanes) -> None:
