@@ -7,12 +7,14 @@ Direct connections go through the pinned transport (`pinning`): a name is resolv
 address checked, and a checked address dialled, so DNS rebinding cannot move a connection inward.
 What a source may reach on a private network is its own origin and `request.private_networks`.
 
-A request goes out as an identity. Given a `Lease` from the identity pool, the fetcher sends through
-that identity's own HTTP client (its proxy, its fingerprint's headers in their order, its cookie jar
-from the `CookieStore`), paces on the identity's lane at the source, and tells the pool after every
-attempt what the answer says about the identity (`classify_for_identity`). When the identity is
-sent to rest, or the lease is lost, it raises `IdentityBlocked` so the caller can switch identity.
-Without a lease (no identities file) it sends as the one `direct` identity, with no proxy.
+A request goes out as an identity. Handed an `IdentitySession` (a lease from the identity pool,
+opened by `fetcher.sessions`), the fetcher sends through that identity's own HTTP client (its proxy,
+its fingerprint's headers in their order, its cookie jar), paces on the identity's lane at the
+source, and tells the session after every attempt what the answer says about the identity
+(`classify_for_identity`); the session reports to the pool and raises `IdentityBlocked` when the
+identity is sent to rest or the lease is lost, so the caller can switch identity. Without a session
+(no identities file) it sends as the one `direct` identity, with no proxy. Waiting for the lanes is
+`pacing.waiting`'s job.
 """
 
 from __future__ import annotations
