@@ -416,17 +416,18 @@ def release_dead_run(store: StateStore, handover_key: str, *, why: str, now: dat
     return requeued, spent
 
 
-def release_orphaned_dispatches(store: StateStore, *, runs_exist: Callable[[Sequence[str]], set[str]],
+def release_orphaned_dispatches(store: StateStore, *, owned: Callable[[Sequence[str]], set[str]],
                                 now: datetime | None = None) -> int:
-    """Rows a dispatch pass claimed whose run was never created go back to the queue once
-    ORPHANED_DISPATCH has passed, instead of after STALE_DISPATCH: a tick that claimed rows and died
-    before its run requests reached Dagster (the daemon or the code server killed mid-tick) leaves
-    them dispatched under a handover no run carries. `runs_exist(keys)` answers which of these
-    handover keys a run (or a retry of one) carries; the caller reads Dagster's run records. A run
-    that turns up later under a released key finds nothing owed (its rows are no longer under it)."""
+    """Rows dispatched ORPHANED_DISPATCH ago or more whose handover no run owns go back to the
+    queue, instead of after STALE_DISPATCH. `owned(keys)` answers which of these handover keys a run
+    still owns; the caller reads Dagster's run records (a run not finished, or a failed one whose
+    retry may still come). Unowned: a tick that claimed rows and died before its run requests
+    reached Dagster (the daemon or the code server killed mid-tick), or a run whose promised retry
+    never came. A run that turns up later under a released key finds nothing owed (its rows are no
+    longer under it)."""
     cutoff = (now or utcnow()) - ORPHANED_DISPATCH
     keys = store.dispatched_handovers(dispatched_before=cutoff)
-    alive = runs_exist(keys) if keys else set()
+    alive = owned(keys) if keys else set()
     return store.release_handovers([key for key in keys if key not in alive], dispatched_before=cutoff)
 
 

@@ -8,15 +8,20 @@ collects only what is still owed. Once a run ends for good (no retry coming), th
 from Dagster's run records and hands its rows to `investigations.dispatch.release_dead_run`: they go
 out again under a new run key within seconds, instead of after the 30-minute stale timer.
 
-It also gives back rows a `new_leads` tick claimed whose run was never created (the daemon or the
-code server died during the tick): two minutes after the claim, when no run carries their handover.
+It also gives back rows dispatched for two minutes or more that no run owns any more: a `new_leads`
+tick claimed them and died before their run was created (the daemon or the code server killed
+mid-tick), or their run failed and Dagster promised a retry (`dagster/will_retry`) that has not come
+RETRY_PROMISE_S after it ended. Seen in the fault suite on Postgres: a run worker killed while the
+daemon restarted was marked for retry and never re-run, and its lead stayed dispatched.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from dagster import (
+    DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
     RunsFilter,
@@ -36,6 +41,30 @@ MAX_RUNS_PER_TICK = 200
 ENDED = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 # Set by Dagster on a failed run that its run retries will re-run.
 WILL_RETRY_TAG = "dagster/will_retry"
+# How long a failed run's retry may take to appear (Dagster's retry daemon re-runs a failure within
+# seconds) before its leads are taken as nobody's and go back to the queue.
+RETRY_PROMISE_S = 120.0
+
+
+def owned_handovers(instance: DagsterInstance, keys: Sequence[str], *, now_s: float) -> set[str]:
+    """Of `keys`, the handovers a run still owns: one not finished, or one that failed less than
+    RETRY_PROMISE_S ago and whose retry Dagster promised or may still promise. A retry carries the
+    same handover, so once it exists it owns the key by the first rule."""
+    owned: set[str] = set()
+    for record in instance.get_run_records(RunsFilter(tags={HANDOVER_TAG: list(keys)})):
+        run = record.dagster_run
+        key = run.tags.get(HANDOVER_TAG)
+        if key is None:
+            continue
+        if not run.is_finished:
+            owned.add(key)
+            continue
+        promised = run.tags.get(WILL_RETRY_TAG) == "true" or (
+            WILL_RETRY_TAG not in run.tags and instance.run_retries_enabled)
+        ended_s = record.end_time if record.end_time is not None else record.update_timestamp.timestamp()
+        if run.status == DagsterRunStatus.FAILURE and promised and now_s - ended_s < RETRY_PROMISE_S:
+            owned.add(key)
+    return owned
 
 
 def build_dead_runs_sensor() -> SensorDefinition:
@@ -66,10 +95,11 @@ def build_dead_runs_sensor() -> SensorDefinition:
             if requeued or spent:
                 notes.append(f"run {run.run_id} ({run.status.value}): {requeued} requeued, "
                              f"{len(spent)} dead-lettered as crashed")
-        orphans = release_orphaned_dispatches(fleet.store, runs_exist=lambda keys: {
-            run.tags[HANDOVER_TAG] for run in context.instance.get_runs(RunsFilter(tags={HANDOVER_TAG: list(keys)}))})
+        orphans = release_orphaned_dispatches(fleet.store, owned=lambda keys: owned_handovers(
+            context.instance, keys, now_s=datetime.now(UTC).timestamp()))
         if orphans:
-            notes.append(f"{orphans} dispatched collection(s) whose run was never created given back to the queue")
+            notes.append(f"{orphans} dispatched collection(s) no run owns (never created, or a retry that never "
+                         "came) given back to the queue")
         for note in notes:
             context.log.info(note)
         return SensorResult(skip_reason="; ".join(notes) or f"{len(records)} ended run(s), nothing owed",

@@ -386,10 +386,10 @@ def test_rows_claimed_by_a_tick_whose_run_was_never_created_go_back_after_the_or
         return {running}
 
     early = NOW + ORPHANED_DISPATCH - timedelta(seconds=1)
-    assert release_orphaned_dispatches(store, runs_exist=runs_exist, now=early) == 0
+    assert release_orphaned_dispatches(store, owned=runs_exist, now=early) == 0
     assert asked == []  # nothing old enough: Dagster is not even asked
     later = NOW + ORPHANED_DISPATCH + timedelta(seconds=1)
-    assert release_orphaned_dispatches(store, runs_exist=runs_exist, now=later) == 3
+    assert release_orphaned_dispatches(store, owned=runs_exist, now=later) == 3
     assert asked == [sorted([lost, running])]
     assert store.handover_leads(lost) == [] and store.handover_leads(running) == ["domain-3"]
     depths = store.queue_depths(now=later)["robust"]

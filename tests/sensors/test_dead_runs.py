@@ -80,7 +80,7 @@ def test_rows_whose_run_was_never_created_go_back_and_those_of_a_live_run_stay(w
     result = _tick(instance)
     assert store.handover_leads("k-orphan") == [] and store.handover_leads("k-live") == ["domain-live"]
     assert store.queue_depths()["robust"]["ready"] == 1
-    assert "1 dispatched collection(s) whose run was never created" in result.skip_reason.skip_message
+    assert "1 dispatched collection(s) no run owns" in result.skip_reason.skip_message
 
 
 def test_a_failed_run_not_yet_marked_for_retry_or_not_keeps_its_leads_until_it_is(sandbox_env) -> None:
@@ -96,3 +96,42 @@ def test_a_failed_run_not_yet_marked_for_retry_or_not_keeps_its_leads_until_it_i
         assert store.handover_leads("k-1") == [] and store.queue_depths()["robust"]["ready"] == 1
     finally:
         store.close()
+
+
+def _claimed_long_ago(store, lead, key):
+    from datetime import timedelta
+
+    from investigations.dispatch import ORPHANED_DISPATCH
+    from investigations.store import utcnow
+
+    claimed = utcnow() - ORPHANED_DISPATCH - timedelta(seconds=5)
+    store.enqueue([("robust", lead)], origin=f"inbox:{lead}", priority_class="interactive", now=claimed)
+    (row,) = store.dispatch("robust", limit=1, now=claimed)
+    store.assign_handover([row.id], handover_key=key)
+
+
+def test_a_promised_retry_that_never_comes_gives_the_leads_back(world, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sensors.dead_runs as dead_runs
+
+    store, instance = world
+    _claimed_long_ago(store, "domain-promised", "k-promised")
+    _ended_run(instance, "k-promised", DagsterRunStatus.FAILURE, **{"dagster/will_retry": "true"})
+    first = _tick(instance)
+    assert store.handover_leads("k-promised") == ["domain-promised"]  # the retry may still come
+    monkeypatch.setattr(dead_runs, "RETRY_PROMISE_S", 0.0)  # ... and now it is overdue
+    result = _tick(instance, cursor=first.cursor)
+    assert store.handover_leads("k-promised") == [] and store.queue_depths()["robust"]["ready"] == 1
+    assert "a retry that never came" in result.skip_reason.skip_message
+
+
+def test_a_promised_retry_that_came_keeps_the_leads_with_it(world, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sensors.dead_runs as dead_runs
+
+    store, instance = world
+    _claimed_long_ago(store, "domain-retried", "k-retried")
+    _ended_run(instance, "k-retried", DagsterRunStatus.FAILURE, **{"dagster/will_retry": "true"})
+    instance.add_run(DagsterRun(job_name=job_name("robust"), status=DagsterRunStatus.NOT_STARTED,
+                                tags={HANDOVER_TAG: "k-retried"}))  # the retry, same handover
+    monkeypatch.setattr(dead_runs, "RETRY_PROMISE_S", 0.0)
+    _tick(instance)
+    assert store.handover_leads("k-retried") == ["domain-retried"]
