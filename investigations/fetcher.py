@@ -168,7 +168,6 @@ class Fetcher:
         self._sink = sink
         self._resolve = resolve
         self._lanes = lanes
-        self.identity_id = identity_id
         self._rng = rng or random.Random()
         self._sleep = sleep
         self._clock = clock
