@@ -171,8 +171,8 @@ def seed_load(fleet: Fleet, *, leads: int, monitored: int) -> dict[str, Any]:
         for lead in watched:
             store.add_lead(lead, case_id="case-bench-monitored", now=old)
             for source in RECURRING_SOURCES:
-                store.record_collection(source=source, lead_id=lead.id, outcome="ok", records=1, content_hash=None,
-                                        path=None, run_id=None, now=old)
+                store.complete_collection(source=source, lead_id=lead.id, outcome="ok", records=1, content_hash=None,
+                                          path=None, run_id=None, now=old)
         instance.add_dynamic_partitions(leads_partitions.name, [lead.id for lead in backfill + watched])
         queued = store.enqueue([(source, lead.id) for source in BACKFILL_SOURCES for lead in backfill],
                                origin="backfill:bench", priority_class="backfill")
@@ -215,7 +215,7 @@ def run_mode(mode: str, args: Any, offsets: Sequence[float], workdir: Path) -> d
         store = StateStore.from_url(fleet.database_url)
         try:
             for n, offset in enumerate(offsets):
-                sleep_until(t0 + offset, fleet)
+                fleet.sleep_until(t0 + offset)
                 value = f"{WATCH_PREFIX}{mode}-{n:02d}-{args.seed}.example"
                 ahead = store.queue_depths().get(URGENT_SOURCE, {})
                 body = {"case_id": f"case-bench-urgent-{mode}", "leads": [{"kind": "domain", "value": value}],
@@ -229,7 +229,7 @@ def run_mode(mode: str, args: Any, offsets: Sequence[float], workdir: Path) -> d
         finally:
             store.close()
         end_s = t0 + args.duration_s
-        sleep_until(end_s, fleet)
+        fleet.sleep_until(end_s)
         with httpx.Client(trust_env=False, timeout=10) as client:
             arrivals = client.get(f"{fleet.sandbox_url}/_bench/arrivals").json()
             control = client.get(f"{fleet.sandbox_url}/_control").json()
@@ -254,12 +254,6 @@ def wait_first_request(fleet: Fleet, source: str, *, timeout_s: float) -> float:
                 return time.time()
             time.sleep(0.25)
     raise TimeoutError(f"no {source} request reached the sandbox within {timeout_s:.0f} s; see {fleet.logs}")
-
-
-def sleep_until(at_s: float, fleet: Fleet) -> None:
-    while (left := at_s - time.time()) > 0:
-        fleet.check_alive()
-        time.sleep(min(left, 1.0))
 
 
 # -- figures ------------------------------------------------------------------------------------

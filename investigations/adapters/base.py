@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
 
 from investigations.adapters.cache import BOOTSTRAPS, TtlCache
@@ -23,6 +23,9 @@ from investigations.specs import SourceSpec
 
 # Fields whose value is a link: made absolute against the page and used as the record's url.
 URL_FIELDS = ("url", "link")
+
+
+ParseModel = TypeVar("ParseModel")
 
 
 class ParseError(Exception):
@@ -88,6 +91,14 @@ class TemplateAdapter:
             return []
         url = fill_template(self.spec.request.url, lead)
         return [PlannedRequest(self.spec.request.method, url, self.headers())]
+
+    def parse_config(self, model: type[ParseModel]) -> ParseModel:
+        """The source's `parse:` block as the `model` this adapter reads (the spec chose the model
+        by adapter name when the sources file was read, so another one is a programming error)."""
+        config = self.spec.parse
+        if not isinstance(config, model):
+            raise TypeError(f"source {self.spec.name!r} has a {type(config).__name__}, not a {model.__name__}")
+        return config
 
     def headers(self) -> dict[str, str]:
         """The source's request headers, with its bearer token when it has one."""

@@ -31,9 +31,7 @@ class CdxAdapter(TemplateAdapter):
 
     @property
     def config(self) -> CdxParse:
-        config = self.spec.parse
-        assert isinstance(config, CdxParse), "a cdx source always has a CdxParse"
-        return config
+        return self.parse_config(CdxParse)
 
     def requests_for(self, lead: Lead) -> list[PlannedRequest]:
         """The query for `lead`; with `index_catalog`, first the collection list unless cached."""

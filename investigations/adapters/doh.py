@@ -41,9 +41,7 @@ class DohAdapter(TemplateAdapter):
 
     @property
     def config(self) -> DohParse:
-        config = self.spec.parse
-        assert isinstance(config, DohParse), "a doh source always has a DohParse"
-        return config
+        return self.parse_config(DohParse)
 
     def requests_for(self, lead: Lead) -> list[PlannedRequest]:
         """The question for the first record type; the others follow its answer."""

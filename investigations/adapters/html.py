@@ -20,8 +20,7 @@ class HtmlAdapter(TemplateAdapter):
 
     def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:
         """Records of an HTML page; ParseError when a configured selector is not valid CSS."""
-        config = self.spec.parse
-        assert isinstance(config, HtmlParse), "an html source always has an HtmlParse"
+        config = self.parse_config(HtmlParse)
         fields_spec = {name: _split(spec) for name, spec in config.fields.items()}
         base = page_base(url)
         tree = LexborHTMLParser(body)

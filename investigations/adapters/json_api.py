@@ -27,8 +27,7 @@ class JsonApiAdapter(TemplateAdapter):
 
     def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:
         """Records of a JSON body; ParseError when it is not JSON or the path does not lead to a list."""
-        config = self.spec.parse
-        assert isinstance(config, JsonApiParse), "a json_api source always has a JsonApiParse"
+        config = self.parse_config(JsonApiParse)
         try:
             document = json.loads(body)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
@@ -58,8 +57,7 @@ class JsonApiAdapter(TemplateAdapter):
 
     def follow(self, lead: Lead, request: PlannedRequest, body: bytes) -> list[PlannedRequest]:
         """The next page of a paged answer (`parse.pages`), while the answer says there is one."""
-        config = self.spec.parse
-        assert isinstance(config, JsonApiParse), "a json_api source always has a JsonApiParse"
+        config = self.parse_config(JsonApiParse)
         pages = config.pages
         if pages is None or request.page + 1 >= pages.max_pages:
             return []

@@ -35,9 +35,7 @@ class RdapAdapter(TemplateAdapter):
 
     @property
     def config(self) -> RdapParse:
-        config = self.spec.parse
-        assert isinstance(config, RdapParse), "an rdap source always has an RdapParse"
-        return config
+        return self.parse_config(RdapParse)
 
     def requests_for(self, lead: Lead) -> list[PlannedRequest]:
         """The registry lookup for a domain lead, after the bootstrap file when it is not cached.

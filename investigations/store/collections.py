@@ -32,29 +32,6 @@ class Collection:
 class CollectionTables(Tables):
     """Collections and their history."""
 
-    def record_collection(
-        self,
-        *,
-        source: str,
-        lead_id: str,
-        outcome: str,
-        records: int,
-        content_hash: str | None,
-        path: str | None,
-        run_id: str | None,
-        now: datetime | None = None,
-        common_fields: Sequence[str] | None = None,
-    ) -> None:
-        """Note the latest attempt at a collection; a success also clears its dead letter.
-
-        `common_fields`: the fields every record of a successful collection carried (kept only when
-        it found records, for the schema-drift check)."""
-        now = now or utcnow()
-        with self.engine.begin() as conn:
-            _record_collection(conn, source=source, lead_id=lead_id, outcome=outcome, records=records,
-                               content_hash=content_hash, path=path, run_id=run_id, now=now,
-                               common_fields=common_fields)
-
     def complete_collection(
         self,
         *,
@@ -68,10 +45,14 @@ class CollectionTables(Tables):
         now: datetime | None = None,
         common_fields: Sequence[str] | None = None,
     ) -> int:
-        """The bookkeeping of a finished collection in one transaction: `record_collection` and
-        `finish_dispatched` together, so a process killed after the records were written leaves
-        either both done or neither (the queue row still dispatched: the collection runs again and
-        stores the same records once). Returns the queue rows closed."""
+        """The bookkeeping of a finished collection in one transaction: its latest attempt (a success
+        also clears its dead letter) and its dispatched queue rows closed together, so a process
+        killed after the records were written leaves either both done or neither (the queue row
+        still dispatched: the collection runs again and stores the same records once). Returns the
+        queue rows closed.
+
+        `common_fields`: the fields every record of a successful collection carried (kept only when
+        it found records, for the schema-drift check)."""
         now = now or utcnow()
         with self.engine.begin() as conn:
             _record_collection(conn, source=source, lead_id=lead_id, outcome=outcome, records=records,

@@ -137,11 +137,11 @@ def test_fleet_figures_and_health_per_source_as_json(state, monkeypatch, capsys)
     lead = normalize_lead("domain", "example.com")
     state.add_lead(lead, case_id="case-1")
     _fetched(state, "robust", Outcome.OK, requests=6)
-    state.record_collection(source="robust", lead_id=lead.id, outcome="ok", records=4, content_hash="h", path="/p",
-                            run_id="r")
+    state.complete_collection(source="robust", lead_id=lead.id, outcome="ok", records=4, content_hash="h", path="/p",
+                              run_id="r")
     _fetched(state, "quiet", Outcome.OK, requests=6)
-    state.record_collection(source="quiet", lead_id=lead.id, outcome="empty", records=0, content_hash="h", path="/p",
-                            run_id="r")
+    state.complete_collection(source="quiet", lead_id=lead.id, outcome="empty", records=0, content_hash="h", path="/p",
+                              run_id="r")
     _fetched(state, "fragile", Outcome.THROTTLED, requests=3, status=429)
     assert main(["fleet", "--json", "--window-min", "5"]) == 0
     rows = {row["source"]: row for row in json.loads(capsys.readouterr().out)}

@@ -166,8 +166,8 @@ def test_an_interactive_only_pass_over_budget_hands_over_fresh_leads_without_a_b
 def test_recurring_crawls_of_a_source_over_budget_are_skipped_until_the_next_utc_day(store) -> None:
     (lead,) = queue(store, "paid", "interactive", "monitored.example")
     store.finish_dispatched("paid", lead, outcome="ok", now=NOW)
-    store.record_collection(source="paid", lead_id=lead, outcome="ok", records=1, content_hash="h", path="/p",
-                                   run_id="r", now=NOW - timedelta(hours=3))
+    store.complete_collection(source="paid", lead_id=lead, outcome="ok", records=1, content_hash="h", path="/p",
+                                     run_id="r", now=NOW - timedelta(hours=3))
     with store.engine.begin() as conn:  # the interactive row is done
         conn.execute(s.collection_queue.update().values(state="done"))
     fetched(store, "paid", requests=4, at=NOW - timedelta(hours=1))

@@ -147,12 +147,12 @@ def test_a_silently_empty_source_is_judged_stale_and_its_canary_failing_from_the
     for value in ("a.example", "b.example"):
         lead = normalize_lead("domain", value)
         store.add_lead(lead, case_id="case-1")
-        store.record_collection(source="quiet", lead_id=lead.id, outcome="empty", records=0, content_hash="h",
-                                path="/p", run_id="r", now=NOW - timedelta(minutes=5))
+        store.complete_collection(source="quiet", lead_id=lead.id, outcome="empty", records=0, content_hash="h",
+                                  path="/p", run_id="r", now=NOW - timedelta(minutes=5))
     canary = quiet.canaries[0].lead
     store.add_lead(canary)
-    store.record_collection(source="quiet", lead_id=canary.id, outcome="empty", records=0, content_hash="h",
-                            path="/p", run_id="r", now=NOW - timedelta(minutes=5))
+    store.complete_collection(source="quiet", lead_id=canary.id, outcome="empty", records=0, content_hash="h",
+                              path="/p", run_id="r", now=NOW - timedelta(minutes=5))
     store.record_fetches([_fetch("quiet", Outcome.BLOCKED, NOW - timedelta(minutes=1), 403)] * 30)
     verdicts = judge_source(store, quiet, now=NOW)
     assert verdicts["fresh"].passed is False and verdicts["fresh"].details["monitored_leads"] == 2  # the canary is in no case

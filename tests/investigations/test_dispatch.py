@@ -54,8 +54,8 @@ def _lead(store, value, *, cases=("active-case",), kind="domain"):
 
 
 def _collected(store, lead_id, *, hours_ago, source="robust", outcome="ok"):
-    store.record_collection(source=source, lead_id=lead_id, outcome=outcome, records=1, content_hash="h",
-                            path="/p", run_id="r", now=NOW - timedelta(hours=hours_ago))
+    store.complete_collection(source=source, lead_id=lead_id, outcome=outcome, records=1, content_hash="h",
+                              path="/p", run_id="r", now=NOW - timedelta(hours=hours_ago))
 
 
 def test_recurring_selection_picks_exactly_the_stale_monitored_leads(world) -> None:

@@ -131,8 +131,8 @@ def test_freshness_counts_only_collections_with_records_within_the_cadence(store
         item = normalize_lead("domain", value)
         store.add_lead(item, case_id=case, now=NOW - joined_ago)
         for outcome, records, ago in collections:
-            store.record_collection(source="api", lead_id=item.id, outcome=outcome, records=records, content_hash="h",
-                                    path="/p", run_id="r", now=NOW - ago)
+            store.complete_collection(source="api", lead_id=item.id, outcome=outcome, records=records, content_hash="h",
+                                      path="/p", run_id="r", now=NOW - ago)
 
     day = timedelta(days=1)
     lead("fresh.example", joined_ago=day, collections=[("ok", 4, timedelta(minutes=10))])
@@ -209,10 +209,10 @@ def test_fleet_figures_read_from_the_store(store: StateStore) -> None:
     lead, other = normalize_lead("domain", "a.example"), normalize_lead("domain", "b.example")
     for item in (lead, other):
         store.add_lead(item, case_id="case", now=NOW - timedelta(days=1))
-    store.record_collection(source="api", lead_id=lead.id, outcome="ok", records=7, content_hash="h", path="/p",
-                            run_id="r", now=NOW - timedelta(minutes=2))
-    store.record_collection(source="quiet", lead_id=lead.id, outcome="empty", records=0, content_hash="h",
-                            path="/p", run_id="r", now=NOW - timedelta(minutes=1))
+    store.complete_collection(source="api", lead_id=lead.id, outcome="ok", records=7, content_hash="h", path="/p",
+                              run_id="r", now=NOW - timedelta(minutes=2))
+    store.complete_collection(source="quiet", lead_id=lead.id, outcome="empty", records=0, content_hash="h",
+                              path="/p", run_id="r", now=NOW - timedelta(minutes=1))
     store.enqueue([("api", other.id)], origin="t", priority_class="recurring", now=NOW)
     store.put_dead_letter(source="quiet", lead_id=other.id, reason_group="transient", last_status=503, attempts=4,
                           last_error="HTTP 503", now=NOW)

@@ -86,8 +86,8 @@ def test_a_closed_case_leads_are_not_monitored_until_it_reopens(store) -> None:
 
     lead = normalize_lead("domain", "example.com")
     store.add_lead(lead, case_id="case-1", now=T0)
-    store.record_collection(source="robust", lead_id=lead.id, outcome="ok", records=1, content_hash="h", path="/p",
-                            run_id="r", now=T0)
+    store.complete_collection(source="robust", lead_id=lead.id, outcome="ok", records=1, content_hash="h", path="/p",
+                              run_id="r", now=T0)
     due = dict(lead_kinds=["domain"], older_than=T0 + timedelta(hours=7), limit=10)
     assert store.stale_monitored("robust", **due) == [lead.id]
     assert store.set_case_status("case-1", "closed") is True

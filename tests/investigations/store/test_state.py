@@ -182,9 +182,9 @@ def test_fleet_summary_reports_the_mean_latency_per_source(store: StateStore) ->
 
 def collected(store: StateStore, outcome: str, *, records: int = 3, now: datetime = T0, source: str = "robust") -> None:
     ok = outcome != "failed"
-    store.record_collection(source=source, lead_id=EXAMPLE.id, outcome=outcome, records=records if ok else 0,
-                            content_hash="h" * 64 if ok else None, path="/data/x.parquet" if ok else None,
-                            run_id=f"run-{outcome}", now=now)
+    store.complete_collection(source=source, lead_id=EXAMPLE.id, outcome=outcome, records=records if ok else 0,
+                              content_hash="h" * 64 if ok else None, path="/data/x.parquet" if ok else None,
+                              run_id=f"run-{outcome}", now=now)
 
 
 def dead(store: StateStore, *, attempts: int = 2, now: datetime = T0, source: str = "robust",
