@@ -56,10 +56,11 @@ from bench.common import (
     DeadlineReached,
     DeadlineSleep,
     engine_digest,
+    finish,
     host_load,
     parse_args,
     print_table,
-    write_results,
+    report_host,
 )
 
 NAME = "burn"
@@ -384,10 +385,7 @@ def report(figures: dict[str, Any]) -> None:
     print(f"  naive outcomes: {figures['modes']['naive']['outcomes']}; ban rules hit: "
           f"{figures['modes']['naive']['ban_reasons']}")
     print(f"\n  meets goals: {figures['meets_goals']}")
-    print(f"  host load (1/5/15 min) before {figures['host']['before']['load_avg_1_5_15']}, after "
-          f"{figures['host']['after']['load_avg_1_5_15']} on {figures['host']['before']['cpus']} CPUs")
-    for error in figures["errors"]:
-        print(f"  error: {error}", file=sys.stderr)
+    report_host(figures)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -403,8 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("--source-headroom must be above 0")
     figures = run(args.duration_s, source_headroom=args.source_headroom)
     report(figures)
-    print(f"\n  figures written to {write_results(NAME, figures, args.results_dir)}")
-    return 1 if figures["errors"] else 0
+    return finish(NAME, figures, args.results_dir)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ import multiprocessing as mp
 import os
 import queue
 import random
+import shutil
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -415,6 +417,31 @@ def write_results(name: str, figures: dict[str, Any], results_dir: Path = RESULT
     return path
 
 
+def report_host(figures: dict[str, Any]) -> None:
+    """The host's load before and after the run, and the errors the run met (on stderr)."""
+    host = figures["host"]
+    print(f"  host load (1/5/15 min) before {host['before']['load_avg_1_5_15']}, after "
+          f"{host['after']['load_avg_1_5_15']} on {host['before']['cpus']} CPUs")
+    for error in figures["errors"]:
+        print(f"  error: {error}", file=sys.stderr)
+
+
+def finish(name: str, figures: dict[str, Any], results_dir: Path) -> int:
+    """Write the figures, say where, and the exit status: 1 when the run met errors."""
+    print(f"\n  figures written to {write_results(name, figures, results_dir)}")
+    return 1 if figures["errors"] else 0
+
+
+class ToolMissing(RuntimeError):
+    """A program a bench drives (nginx, tinyproxy) is not on this machine; the message says how to install it."""
+
+
+def find_tool(name: str, *places: str) -> str | None:
+    """`name` on the PATH, else the first of `places` that exists (Debian puts daemons in /usr/sbin,
+    often not on a user's PATH), or None."""
+    return shutil.which(name) or next((p for p in places if Path(p).is_file()), None)
+
+
 def fmt(value: Any) -> str:
     """A table cell: '-' for nothing, floats to a precision that reads well for ratios and rates."""
     if value is None:
@@ -445,11 +472,11 @@ POSTGRES_URL = os.environ.get(
 )
 
 
-def pg_admin(sql: str) -> None:
+def pg_admin(sql: str, *, server: str = POSTGRES_URL) -> None:
     """One statement on the bench's Postgres server, outside a transaction (CREATE/DROP DATABASE)."""
     from sqlalchemy import create_engine, text
 
-    engine = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    engine = create_engine(server, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
             conn.execute(text(sql))
@@ -457,17 +484,17 @@ def pg_admin(sql: str) -> None:
         engine.dispose()
 
 
-def pg_url(db: str) -> str:
+def pg_url(db: str, *, server: str = POSTGRES_URL) -> str:
     """The bench server's URL for database `db`."""
-    head, _, _ = POSTGRES_URL.rpartition("/")
+    head, _, _ = server.rpartition("/")
     return f"{head}/{db}"
 
 
-def dagster_postgres_storage(db: str) -> dict[str, Any]:
+def dagster_postgres_storage(db: str, *, server: str = POSTGRES_URL) -> dict[str, Any]:
     """A dagster.yaml `storage:` block putting Dagster's runs, events and schedules in `db`."""
     from sqlalchemy.engine import make_url
 
-    url = make_url(POSTGRES_URL)
+    url = make_url(server)
     return {"postgres": {"postgres_db": {
         "username": url.username or "postgres", "hostname": url.host or "127.0.0.1", "port": url.port or 5432,
         "db_name": db, "scheme": "postgresql+psycopg2", **({"password": url.password} if url.password else {})}}}

@@ -24,14 +24,15 @@ from bench.common import (
     WorkerPlan,
     dump_spec,
     engine_digest,
+    finish,
     host_load,
     ok_count,
     parse_args,
     print_table,
+    report_host,
     run_workers,
     status_counts,
     timeline,
-    write_results,
 )
 
 NAME = "convergence"
@@ -173,10 +174,7 @@ def report(figures: dict[str, Any]) -> None:
     )
     print_table("Timeline", ["from s", "ok/s", "429s"],
                 [[b["from_s"], b["ok_per_s"], b["throttled"]] for b in figures["timeline"]])
-    print(f"\n  host load (1/5/15 min) before {figures['host']['before']['load_avg_1_5_15']}, after "
-          f"{figures['host']['after']['load_avg_1_5_15']} on {figures['host']['before']['cpus']} CPUs")
-    for error in figures["errors"]:
-        print(f"  worker error: {error}", file=sys.stderr)
+    report_host(figures)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,8 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       extra=options)
     figures = run(args.duration_s, quiet_window_s=args.quiet_window_s)
     report(figures)
-    print(f"\n  figures written to {write_results(NAME, figures, args.results_dir)}")
-    return 1 if figures["errors"] else 0
+    return finish(NAME, figures, args.results_dir)
 
 
 if __name__ == "__main__":

@@ -253,6 +253,12 @@ class Fleet:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.logs / (name + '.log')}")
 
+    def sleep_until(self, at_s: float) -> None:
+        """Sleep until the wall clock reads `at_s`, failing as soon as one of the fleet's processes exits."""
+        while (left := at_s - time.time()) > 0:
+            self.check_alive()
+            time.sleep(min(left, 1.0))
+
     def stop(self) -> None:
         from investigations.devfleet import stop_all
 

@@ -26,13 +26,14 @@ from bench.common import (
     WorkerPlan,
     dump_spec,
     engine_digest,
+    finish,
     host_load,
     ok_count,
     parse_args,
     print_table,
+    report_host,
     run_workers,
     status_counts,
-    write_results,
 )
 
 NAME = "isolation"
@@ -182,10 +183,7 @@ def report(figures: dict[str, Any]) -> None:
                  for phase, counts in failing["status_counts_by_phase"].items()])
     print(f"  failing source fetch outcomes: {failing['fetch_outcomes']}")
     print(f"\n  healthy sources keep >= {GOAL_RATIO} of their throughput: {figures['meets_goal']}")
-    print(f"  host load (1/5/15 min) before {figures['host']['before']['load_avg_1_5_15']}, after "
-          f"{figures['host']['after']['load_avg_1_5_15']} on {figures['host']['before']['cpus']} CPUs")
-    for error in figures["errors"]:
-        print(f"  worker error: {error}", file=sys.stderr)
+    report_host(figures)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -193,8 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv, description=__doc__.splitlines()[0], default_duration_s=DEFAULT_DURATION_S)
     figures = run(args.duration_s)
     report(figures)
-    print(f"\n  figures written to {write_results(NAME, figures, args.results_dir)}")
-    return 1 if figures["errors"] else 0
+    return finish(NAME, figures, args.results_dir)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ the per-address one. Rejections answer 429 (`limit_req_status`); every limited r
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
 import time
@@ -21,7 +20,7 @@ from typing import Self
 
 import httpx
 
-from bench.common import free_port
+from bench.common import ToolMissing, find_tool, free_port
 
 NGINX_MISSING = (
     "nginx is not installed, and the pacing bench needs its limit_req as the limiter under test.\n"
@@ -32,16 +31,8 @@ START_TIMEOUT_S = 10.0
 PORT_ATTEMPTS = 5
 
 
-class NginxMissing(RuntimeError):
-    """nginx is not on this machine."""
-
-
 def find_nginx() -> str | None:
-    """The nginx binary (Debian puts it in /usr/sbin, often not on a user's PATH), or None."""
-    found = shutil.which("nginx")
-    if found:
-        return found
-    return next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).is_file()), None)
+    return find_tool("nginx", "/usr/sbin/nginx", "/usr/local/sbin/nginx")
 
 
 @dataclass(frozen=True)
@@ -120,7 +111,7 @@ class Nginx:
     def __init__(self, limiters: list[Limiter], upstream: str) -> None:
         binary = find_nginx()
         if binary is None:
-            raise NginxMissing(NGINX_MISSING)
+            raise ToolMissing(NGINX_MISSING)
         self._binary, self._limiters, self._upstream = binary, limiters, upstream
         self._tmp = tempfile.TemporaryDirectory(prefix="bench-nginx-")
         self.workdir = Path(self._tmp.name)

@@ -24,20 +24,22 @@ from typing import Any
 
 from bench.common import (
     Run,
+    ToolMissing,
     WorkerPlan,
     dump_spec,
     engine_digest,
+    finish,
     host_load,
     lane_figures,
     ok_count,
     parse_args,
     print_table,
+    report_host,
     run_workers,
     status_counts,
     timeline,
-    write_results,
 )
-from bench.nginx import Limiter, Nginx, NginxMissing
+from bench.nginx import Limiter, Nginx
 
 NAME = "pacing"
 DEFAULT_DURATION_S = 300.0
@@ -197,10 +199,7 @@ def report(figures: dict[str, Any]) -> None:
                 [[row[0]["from_s"], *(v for b in row for v in (b["ok_per_s"], b["throttled"]))]
                  for row in bins])
     print(f"\n  paced fleet meets the goals: {figures['paced_meets_goals']}")
-    print(f"  host load (1/5/15 min) before {figures['host']['before']['load_avg_1_5_15']}, after "
-          f"{figures['host']['after']['load_avg_1_5_15']} on {figures['host']['before']['cpus']} CPUs")
-    for error in figures["errors"]:
-        print(f"  worker error: {error}", file=sys.stderr)
+    report_host(figures)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -215,12 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                       extra=options)
     try:
         figures = run(args.duration_s, workers=args.workers, lane_burst=args.lane_burst)
-    except NginxMissing as exc:
+    except ToolMissing as exc:
         print(exc, file=sys.stderr)
         return 2
     report(figures)
-    print(f"\n  figures written to {write_results(NAME, figures, args.results_dir)}")
-    return 1 if figures["errors"] else 0
+    return finish(NAME, figures, args.results_dir)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from typing import Any
 import yaml
 
 from bench.common import (
+    ToolMissing,
     dagster_postgres_storage,
     engine_digest,
     fmt,
@@ -62,8 +63,8 @@ from bench.common import (
     write_results,
 )
 from bench.fleet_process import BIN, ROOT, CpuSampler, Fleet, engine_subprocess, prepare_fleet, start_fleet
-from bench.nginx import Limiter, Nginx, NginxMissing
-from bench.proxies import Proxies, TinyproxyMissing
+from bench.nginx import Limiter, Nginx
+from bench.proxies import Proxies
 from investigations.devfleet import stop_all
 
 NAME = "product"
@@ -147,12 +148,6 @@ def wait_first_row(nginx: Nginx, name: str, fleet: Fleet, *, timeout_s: float) -
     raise TimeoutError(f"no request reached nginx within {timeout_s:.0f} s; see {fleet.logs}")
 
 
-def sleep_until(at_s: float, fleet: Fleet) -> None:
-    while (left := at_s - time.time()) > 0:
-        fleet.check_alive()
-        time.sleep(min(left, 1.0))
-
-
 def _limiter(name: str, args: Any) -> Limiter:
     return Limiter(name, args.client_rate, args.burst, site_rate_per_s=args.site_rate, site_burst=args.burst)
 
@@ -211,7 +206,7 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
             print(f"  [{cfg.name}] first request at nginx {t0 - started_s:.0f} s after the daemon started; "
                   f"running {cfg.duration_s:.0f} s (logs: {fleet.logs})", flush=True)
             end_s = t0 + cfg.duration_s
-            sleep_until(end_s, fleet)
+            fleet.sleep_until(end_s)
             sampler.stop()
             # Dagster first: a run still collecting while the sandbox goes would log its 502s as failures.
             stop_all([fleet.procs.pop(name) for name in ("daemon", "intake")])
@@ -552,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.engine_s > 0:
             print("\n--- the engine alone, configured right ---", flush=True)
             figures["engine"] = run_engine_phase(args, workdir)
-    except (NginxMissing, TinyproxyMissing) as exc:
+    except ToolMissing as exc:
         print(exc, file=sys.stderr)
         return 2
     finally:

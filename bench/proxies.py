@@ -9,7 +9,6 @@ are picked free and picked again if one is taken before tinyproxy binds it.
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from bench.common import free_port
+from bench.common import ToolMissing, find_tool, free_port
 
 TINYPROXY_MISSING = (
     "tinyproxy is not installed, and the product bench sends each identity through one.\n"
@@ -30,15 +29,8 @@ PORT_ATTEMPTS = 5
 FIRST_OUTGOING_HOST = 11  # 127.0.0.11, .12, ...: clear of 127.0.0.1, which the fleet itself uses
 
 
-class TinyproxyMissing(RuntimeError):
-    """tinyproxy is not on this machine."""
-
-
 def find_tinyproxy() -> str | None:
-    found = shutil.which("tinyproxy")
-    if found:
-        return found
-    return next((p for p in ("/usr/bin/tinyproxy", "/usr/sbin/tinyproxy") if Path(p).is_file()), None)
+    return find_tool("tinyproxy", "/usr/bin/tinyproxy", "/usr/sbin/tinyproxy")
 
 
 def _config(port: int, outgoing: str) -> str:
@@ -63,7 +55,7 @@ class Proxies:
     def __init__(self, count: int) -> None:
         binary = find_tinyproxy()
         if binary is None:
-            raise TinyproxyMissing(TINYPROXY_MISSING)
+            raise ToolMissing(TINYPROXY_MISSING)
         if not 1 <= count <= 200:
             raise ValueError(f"count ({count}) must be 1-200")
         self._binary, self.count = binary, count
