@@ -4,7 +4,7 @@ Per backend (SQLite, Postgres, or both) a fleet is started in temp dirs with fre
 sandbox web (its own process), the webhook intake and `dagster-daemon` (run queue, sensors, run
 retries and monitoring; the daemon starts the code server, and run workers are the code server's
 children). On Postgres a fresh database is created for the fleet's state and another for Dagster's
-storage (dagster-postgres), and both are dropped at the end.
+storage (dagster-postgres), on a Postgres server the suite starts for the purpose and deletes at the end.
 
 `--leads` leads are sent by signed webhook: a share as interactive leads of `robust` (one lead per
 webhook and per run), the rest as backfill leads of `slow` (ten per webhook, collected in batches).
@@ -17,7 +17,12 @@ While they are collected, processes are killed with SIGKILL:
 - the intake right after it answered 202, at least once (one per ten `--kills`): it is restarted and
   the same delivery is sent again with the same `webhook-id`;
 - the daemon once (restarted two seconds later), and the code server once (the daemon starts it
-  again).
+  again);
+- on Postgres, the database server once, halfway through the sending: the fleet runs on a server of
+  the suite's own (`bench/pgserver.py`, a fresh `initdb` on a free port), crashed with `pg_ctl stop
+  -m immediate` (every connection cut, no checkpoint), kept down `--pg-outage-s` and started again
+  through crash recovery. While it is down the intake cannot store a delivery and the case system's
+  redelivery (the sender sends again until it gets a 202) has to bring it in.
 
 Then the suite waits until every accepted collection is settled (collected or dead-lettered) and
 reports, per backend: leads lost (accepted, neither collected nor dead-lettered), duplicates (a
@@ -66,6 +71,7 @@ from bench.common import (
     write_results,
 )
 from bench.fleet_process import BIN, ROOT, free_port
+from bench.pgserver import PostgresServer
 
 NAME = "faults"
 SECRET = "whsec_ZmF1bHRzLWJlbmNoLXNlY3JldC1mb3ItbG9vcGJhY2stb25seQ=="
@@ -99,6 +105,7 @@ class Fleet:
     sandbox_url: str
     intake_url: str
     databases: list[str] = field(default_factory=list)
+    pg: PostgresServer | None = None  # the fleet's own Postgres server (postgres backend)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     retired: list[subprocess.Popen[bytes]] = field(default_factory=list)  # killed ones, reaped at stop
 
@@ -174,20 +181,21 @@ def code_servers(fleet: Fleet) -> list[int]:
 # -- configuration -------------------------------------------------------------------------------
 
 
-def prepare(backend: str, base: Path, *, backfill_leads: int) -> Fleet:
+def prepare(backend: str, base: Path, *, backfill_leads: int, pg: PostgresServer | None = None) -> Fleet:
     dagster_home, data_dir, logs = base / "dagster_home", base / "data", base / "logs"
     for folder in (dagster_home, data_dir, logs):
         folder.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load((ROOT / "dagster.yaml").read_text())
     databases: list[str] = []
     if backend == "postgres":
+        assert pg is not None, "the postgres backend runs on a server of its own"
         stamp = f"{int(time.time())}_{uuid.uuid4().hex[:6]}"
         state_db, dagster_db = f"faults_{stamp}_state", f"faults_{stamp}_dagster"
         for db in (state_db, dagster_db):
-            pg_admin(f'CREATE DATABASE "{db}"')
+            pg_admin(f'CREATE DATABASE "{db}"', server=pg.url)
             databases.append(db)
-        config["storage"] = dagster_postgres_storage(dagster_db)
-        database_url = pg_url(state_db)
+        config["storage"] = dagster_postgres_storage(dagster_db, server=pg.url)
+        database_url = pg_url(state_db, server=pg.url)
     else:
         database_url = f"sqlite:///{data_dir / 'state.db'}"
     (dagster_home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -219,7 +227,7 @@ def prepare(backend: str, base: Path, *, backfill_leads: int) -> Fleet:
     }
     return Fleet(backend=backend, base=base, env=env, dagster_home=dagster_home, data_dir=data_dir, logs=logs,
                  database_url=database_url, sandbox_url=env["INVESTIGATIONS_SANDBOX_URL"],
-                 intake_url=f"http://127.0.0.1:{intake_port}", databases=databases)
+                 intake_url=f"http://127.0.0.1:{intake_port}", databases=databases, pg=pg)
 
 
 # -- deliveries -----------------------------------------------------------------------------------
@@ -455,6 +463,18 @@ class Injector:
         self.process_kills.append(event)
         return event
 
+    def postgres_outage(self, outage_s: float) -> dict[str, Any]:
+        """Crash the fleet's Postgres (every connection cut, no checkpoint), keep it down `outage_s`,
+        start it again (through crash recovery)."""
+        assert self.fleet.pg is not None
+        self.fleet.pg.crash()
+        at = time.time()
+        time.sleep(outage_s)
+        self.fleet.pg.start()
+        event = {"what": "postgres", "at": at, "down_s": round(outage_s, 1), "restarted_at": time.time()}
+        self.process_kills.append(event)
+        return event
+
     def kill_code_server(self, timeout_s: float = 90.0) -> dict[str, Any]:
         servers = code_servers(self.fleet)
         event: dict[str, Any] = {"what": "code_server", "pid": servers[0] if servers else None, "at": time.time()}
@@ -520,7 +540,10 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
     intake_kills = max(1, args.kills // 10)
     deliveries = plan_deliveries(backend, args.leads, args.interactive_share, rng, intake_kills)
     backfill_leads = sum(len(d.values) for d in deliveries if d.source == BACKFILL_SOURCE)
-    fleet = prepare(backend, workdir / backend, backfill_leads=backfill_leads)
+    pg = PostgresServer() if backend == "postgres" else None
+    if pg is not None:
+        pg.start()
+    fleet = prepare(backend, workdir / backend, backfill_leads=backfill_leads, pg=pg)
     instance = DagsterInstance.from_config(str(fleet.dagster_home))
     instance.get_runs(limit=1)  # Dagster's storage exists before any fleet process would create it
     store = StateStore.from_url(fleet.database_url)
@@ -546,16 +569,21 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
         sender.start()
         kill_gap_s = args.send_s / max(1, args.kills)
         next_kill = time.time() + rng.uniform(0.3, 1.0) * kill_gap_s
-        daemon_at, code_server_at = 0.35 * len(deliveries), 0.7 * len(deliveries)
+        daemon_at, postgres_at, code_server_at = 0.35 * len(deliveries), 0.5 * len(deliveries), 0.7 * len(deliveries)
         windows = [WINDOWS[n % len(WINDOWS)] for n in range(args.kills)]
         rng.shuffle(windows)
         give_up = time.time() + args.send_s + args.kill_grace_s
         next_check = 0.0
-        while windows or sender.is_alive() or "daemon" not in timeline or "code_server" not in timeline:
+        while (windows or sender.is_alive() or "daemon" not in timeline or "code_server" not in timeline
+               or (pg is not None and "postgres" not in timeline)):
             if "daemon" not in timeline and sender.sent >= daemon_at:
                 timeline["daemon"] = time.time()
                 print(f"  [{backend}] kill -9 daemon: {injector.kill_daemon()}", flush=True)
                 wait_daemon(instance, fleet, timeout_s=START_TIMEOUT_S)
+            if pg is not None and "postgres" not in timeline and "daemon" in timeline and sender.sent >= postgres_at:
+                timeline["postgres"] = time.time()
+                print(f"  [{backend}] Postgres crashed (pg_ctl -m immediate) and started again: "
+                      f"{injector.postgres_outage(args.pg_outage_s)}", flush=True)
             if "code_server" not in timeline and "daemon" in timeline and sender.sent >= code_server_at:
                 timeline["code_server"] = time.time()
                 print(f"  [{backend}] kill -9 code server: {injector.kill_code_server()}", flush=True)
@@ -623,9 +651,11 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
         fleet.stop()
         store.close()
         instance.dispose()
-        if fleet.databases and not args.keep:
-            for db in fleet.databases:
-                pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        if pg is not None:
+            if args.keep:
+                print(f"  [{backend}] Postgres kept running on port {pg.port}, data in {pg.data}")
+            else:
+                pg.close()
     figures["config"] = {"backend": backend, "leads": args.leads, "deliveries": len(deliveries),
                          "collections": len(expected), "backfill_leads": backfill_leads,
                          "interactive_leads": len(expected) - backfill_leads, "run_worker_kills": args.kills,
@@ -777,11 +807,14 @@ def analyse(fleet: Fleet, instance: Any, store: Any, deliveries: list[Delivery],
                           "run_keys_after": sorted({r.tags.get("dagster/run_key", "") for r in retries + others})})
     daemon = next((k for k in injector.process_kills if k["what"] == "daemon"), None)
     code_server = next((k for k in injector.process_kills if k["what"] == "code_server"), None)
+    postgres = next((k for k in injector.process_kills if k["what"] == "postgres"), None)
     started_after = lambda at: sum(1 for start, _ in times.values() if start and start > at)  # noqa: E731
     if daemon:
         daemon["runs_started_after_restart"] = started_after(daemon["restarted_at"])
     if code_server:
         code_server["runs_started_after"] = started_after(code_server["at"])
+    if postgres:
+        postgres["runs_started_after_restart"] = started_after(postgres["restarted_at"])
     redelivered_ok = sum(1 for k in sender.intake_kills if k["status"] == 202 and not k["accepted"]
                          and len(k["duplicates"]) == k["leads"])
     recover_s = (timeline["settled"] - timeline["last_kill"]) if "settled" in timeline else None
@@ -817,10 +850,11 @@ def analyse(fleet: Fleet, instance: Any, store: Any, deliveries: list[Delivery],
         "intake_redeliveries_all_duplicates": redelivered_ok,
         "daemon_kill": daemon,
         "code_server_kill": code_server,
+        "postgres_outage": postgres,
         "sender_error": sender.error,
         "timeline_s": {k: round(v - timeline["start"], 1) for k, v in timeline.items()},
     }
-    figures["verdict"] = verdict(figures)
+    figures["verdict"] = verdict(figures, postgres=fleet.pg is not None)
     return figures
 
 
@@ -828,7 +862,7 @@ def _started(times: dict[str, tuple[float | None, float | None]], run: Any) -> f
     return times.get(run.run_id, (None, None))[0] or 0.0
 
 
-def verdict(f: dict[str, Any]) -> dict[str, Any]:
+def verdict(f: dict[str, Any], *, postgres: bool = False) -> dict[str, Any]:
     checks = {
         "0 lost": f["lost"] == 0,
         "0 duplicated": f["duplicates"] == 0,
@@ -842,6 +876,9 @@ def verdict(f: dict[str, Any]) -> dict[str, Any]:
         and f["daemon_kill"].get("runs_started_after_restart", 0) > 0,
         "code server killed and replaced": bool(f["code_server_kill"]) and "error" not in f["code_server_kill"],
     }
+    if postgres:
+        checks["Postgres crashed and restarted, runs after"] = bool(f["postgres_outage"]) and (
+            f["postgres_outage"].get("runs_started_after_restart", 0) > 0)
     for window in WINDOWS:
         checks[f"window {window}: a killed run recovered"] = f["evidence"][window].get("recovered", 0) > 0
     return {"passed": all(checks.values()), "checks": checks}
@@ -870,6 +907,8 @@ def report(results: dict[str, Any]) -> None:
                  *((results["backends"][n]["daemon_kill"] or {}).get("runs_started_after_restart") for n in names)])
     rows.append(["code server: replaced after (s)",
                  *(_cs(results["backends"][n]["code_server_kill"]) for n in names)])
+    rows.append(["Postgres: down (s), runs started after",
+                 *(_pg(results["backends"][n].get("postgres_outage")) for n in names)])
     rows.append(["verdict", *("PASS" if results["backends"][n]["verdict"]["passed"] else "FAIL" for n in names)])
     cfg = results["config"]
     print_table(f"Fault suite: {cfg['leads']} leads, {cfg['kills']} run worker kills + intake, daemon and code "
@@ -883,6 +922,10 @@ def report(results: dict[str, Any]) -> None:
 def _ev(entry: dict[str, int]) -> str:
     return (f"{entry.get('killed', 0)} / {entry.get('recovered', 0)} "
             f"({entry.get('via_dagster_retry', 0)}+{entry.get('via_new_handover', 0)})")
+
+
+def _pg(event: dict[str, Any] | None) -> str:
+    return f"{event['down_s']:g}, {event.get('runs_started_after_restart', 0)}" if event else "-"
 
 
 def _cs(event: dict[str, Any] | None) -> str:
@@ -903,6 +946,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kill-grace-s", type=float, default=600.0,
                         help="after the sending, how long to look for runs in the windows still due")
     parser.add_argument("--settle-timeout-s", type=float, default=900.0)
+    parser.add_argument("--pg-outage-s", type=float, default=10.0,
+                        help="postgres backend: how long the fleet's Postgres stays down after its crash (default 10)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--keep", action="store_true", help="keep temp dirs and Postgres databases")
