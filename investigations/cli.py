@@ -207,13 +207,21 @@ def _demo_case(args: argparse.Namespace) -> int:
     return 0 if answer.is_success else 1
 
 
-def _leads_list(args: argparse.Namespace) -> int:
-    rows = _store(Settings.from_env()).leads_overview()
+def _printed_plainly(args: argparse.Namespace, rows: Sequence[Any], *, none: str) -> bool:
+    """`rows` as JSON under --json, or `none` when there are no rows: True when that was the whole answer
+    (the caller's table is not wanted)."""
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
-        return 0
+        return True
     if not rows:
-        print("no leads")
+        print(none)
+        return True
+    return False
+
+
+def _leads_list(args: argparse.Namespace) -> int:
+    rows = _store(Settings.from_env()).leads_overview()
+    if _printed_plainly(args, rows, none="no leads"):
         return 0
     table = _table("lead", "kind", "value", "cases", "source", "last outcome", "records", "last with records")
     for row in rows:
@@ -307,12 +315,8 @@ def _dlq_list(args: argparse.Namespace) -> int:
     store = _store(Settings.from_env())
     letters = store.dead_letters(source=args.source, reason_group=args.reason)
     requeued = store.requeued_dead_letters()
-    if args.json:
-        print(json.dumps([{**vars(letter), "requeued": (letter.source, letter.lead_id) in requeued}
-                          for letter in letters], default=str, indent=2))
-        return 0
-    if not letters:
-        print("no dead letters")
+    as_json = [{**vars(letter), "requeued": (letter.source, letter.lead_id) in requeued} for letter in letters]
+    if _printed_plainly(args, as_json, none="no dead letters"):
         return 0
     table = _table("source", "lead", "reason", "status", "attempts", "last seen", "requeued", "last error")
     for letter in letters:
@@ -344,11 +348,7 @@ def _records(args: argparse.Namespace) -> int:
 
     rows = query_records(Settings.from_env().records_dir, source=args.source, lead_id=args.lead,
                          contains=args.contains, limit=args.limit)
-    if args.json:
-        print(json.dumps(rows, default=str, indent=2))
-        return 0
-    if not rows:
-        print("no records")
+    if _printed_plainly(args, rows, none="no records"):
         return 0
     if args.captures:
         # The file names the lead; the digest is cut to its first 16 hex digits (whole in --json).
@@ -553,12 +553,9 @@ def _identities(args: argparse.Namespace) -> int:
     now = datetime.now(UTC)
     rows = [row for row in read_identity_standings(_store(Settings.from_env()), now=now)
             if args.source is None or row.source in (args.source, None)]
-    if args.json:
-        print(json.dumps([vars(row) for row in rows], indent=2))
-        return 0
-    if not rows:
-        print("no identities registered (the pool registers the identities file at its first lease); without "
-              "INVESTIGATIONS_IDENTITIES requests go out directly as `direct`")
+    if _printed_plainly(args, [vars(row) for row in rows],
+                        none="no identities registered (the pool registers the identities file at its first "
+                             "lease); without INVESTIGATIONS_IDENTITIES requests go out directly as `direct`"):
         return 0
     from rich.table import Table
 
