@@ -16,6 +16,7 @@ from investigations.config import Settings
 from resources.fleet import FleetResource
 from resources.identities import IdentityPoolResource
 from resources.slack import SLACK_API_URL, FleetSlack
+from resources.storage_scripts import read_migration_scripts_once
 from sensors.alerts import build_slack_alerts_sensor
 from sensors.dead_letters import dead_letter_report
 from sensors.dead_runs import build_dead_runs_sensor
@@ -56,4 +57,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     )
 
 
+# The code server opens a Dagster instance for every sensor tick, and a run worker one per run: each
+# opening re-read Dagster's migration scripts (resources/storage_scripts.py). Read them once.
+read_migration_scripts_once()
 defs = build_definitions()
