@@ -253,7 +253,13 @@ class LeaseHotPath:
                         raise
                     if fresh or attempt == 2:
                         raise
-                    continue  # an idle connection died (server restart): once more on a new one
+                    # An idle connection died: the server restarted, so the other idle ones died
+                    # with it. Drop them all and try once more on a new connection.
+                    with self._pg_guard:
+                        stale, self._pg_idle = self._pg_idle, []
+                    for dead in stale:
+                        dead.close()
+                    continue
                 with self._pg_guard:
                     self._pg_idle.append(conn)
                 return rows
