@@ -24,6 +24,16 @@ class FakeTime:
         self.on_sleep(self.slept)
 
 
+class FakeClock:
+    """A clock that stands at `now` until the test moves it by hand, so every time comes out exact."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class FakeSlack:
     """A local stand-in for Slack's Web API on loopback: `chat.postMessage` answers as Slack does
     and every call is kept in `messages` (with its Authorization header). `failing = True` makes it

@@ -24,7 +24,7 @@ from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from assets.sources import build_source_asset
 from investigations.catalog import load_catalog
 from investigations.config import Settings
-from investigations.leads import normalize_lead
+from investigations.leads import Lead, normalize_lead
 from investigations.pacing import Circuits
 from investigations.priority import BACKGROUND_NICENESS, HANDOVER_TAG, PriorityClass, run_tags
 from investigations.records import RecordStore
@@ -117,13 +117,20 @@ def test_a_source_that_keeps_failing_fails_the_run_and_leaves_a_dead_letter(worl
     assert letter.lead_id == lead.id and letter.reason_group == "transient" and letter.attempts == 2
 
 
-def _batch_of_four(world):
-    """Three more leads after the world's one, and a function running robust over the four."""
-    settings, lead, instance, store = world
+def _three_more_leads(world) -> list[Lead]:
+    """Three more leads of the world's case after its one, each with its partition."""
+    _, _, instance, store = world
     others = [normalize_lead("domain", f"batch{i}.example") for i in range(3)]
     for other in others:
         store.add_lead(other, case_id="case-1")
     instance.add_dynamic_partitions("leads", [other.id for other in others])
+    return others
+
+
+def _batch_of_four(world):
+    """Three more leads after the world's one, and a function running robust over the four."""
+    settings, lead, instance, _ = world
+    others = _three_more_leads(world)
     spec = load_catalog(settings.sources_path).get("robust")
 
     def run():
@@ -180,10 +187,7 @@ def test_the_empty_check_alone_judges_what_is_stored_without_fetching(world, san
 
 def test_a_batch_run_collects_only_its_member_leads_inside_the_envelope(world) -> None:
     settings, lead, instance, store = world
-    others = [normalize_lead("domain", f"member{i}.example") for i in range(3)]
-    for other in others:
-        store.add_lead(other, case_id="case-1")
-    instance.add_dynamic_partitions("leads", [other.id for other in others])
+    others = _three_more_leads(world)
     spec = load_catalog(settings.sources_path).get("robust")
     members = [lead.id, others[2].id]
     # As the dispatcher hands a batch over: its rows dispatched and recorded under the batch's key.

@@ -15,15 +15,13 @@ import traceback
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import materialize
 from sqlalchemy import select
 
 from assets.sources import build_source_asset
 from investigations.collect import CollectionFailed
-from investigations.leads import normalize_lead
 from investigations.sandbox.proxy import start_proxies
 from investigations.specs import load_sources
-from investigations.store import StateStore
 from investigations.store import schema as s
 from resources.fleet import FleetResource
 
@@ -32,7 +30,7 @@ PROXY_HOST = "127.0.0.4"
 
 
 @pytest.fixture
-def proxy_world(sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def proxy_world(sandbox, one_lead, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     sandbox.app_state.reset()
     monkeypatch.setenv("PROXY_PASSWORD", CANARY)
     with start_proxies([PROXY_HOST], credentials=("fleet", CANARY)) as proxies:
@@ -61,19 +59,10 @@ sources:
     request: {{url: "http://127.0.0.1:9/lookup?q={{value}}"}}
     parse: {{records_path: results}}
 """)
-        data_dir = tmp_path / "data"
         monkeypatch.setenv("INVESTIGATIONS_IDENTITIES", str(identities))
         monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(sources))
-        monkeypatch.setenv("INVESTIGATIONS_DATA_DIR", str(data_dir))
-        store = StateStore.from_url(f"sqlite:///{data_dir / 'state.db'}")
-        lead = normalize_lead("domain", "example.com")
-        store.add_lead(lead, case_id="case-proxy-secret")
-        instance = DagsterInstance.ephemeral()
-        instance.add_dynamic_partitions("leads", [lead.id])
-        try:
-            yield load_sources(sources), store, lead, instance, proxies[0]
-        finally:
-            store.close()
+        store, lead, instance, _ = one_lead
+        yield load_sources(sources), store, lead, instance, proxies[0]
 
 
 def test_the_proxy_password_is_used(proxy_world) -> None:

@@ -7,19 +7,17 @@ import logging
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import materialize
 
 from assets.sources import build_source_asset
-from investigations.leads import normalize_lead
 from investigations.specs import load_sources
-from investigations.store import StateStore
 from resources.fleet import FleetResource
 
 CANARY = "canary-s3cr3t-7c1f0e9a"
 
 
 @pytest.fixture
-def secret_world(sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def secret_world(sandbox, one_lead, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("SOURCE_API_KEY", CANARY)
     sources = tmp_path / "sources.yaml"
     # Sources that work and sources that keep failing, carrying the key in the query (under a name
@@ -55,16 +53,9 @@ sources:
     parse: {{records_path: results}}
     retry: {{attempts: 2, base_delay_s: 0.01, max_delay_s: 0.02, step_retries: 0}}
 """)
-    data_dir = tmp_path / "data"
     monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(sources))
-    monkeypatch.setenv("INVESTIGATIONS_DATA_DIR", str(data_dir))
-    store = StateStore.from_url(f"sqlite:///{data_dir / 'state.db'}")
-    lead = normalize_lead("domain", "example.com")
-    store.add_lead(lead, case_id="case-secret")
-    instance = DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("leads", [lead.id])
-    yield load_sources(sources), store, lead, instance, data_dir
-    store.close()
+    store, lead, instance, data_dir = one_lead
+    return load_sources(sources), store, lead, instance, data_dir
 
 
 def test_a_source_key_never_reaches_logs_events_tags_metadata_or_dead_letters(secret_world, caplog) -> None:

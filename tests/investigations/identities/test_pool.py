@@ -20,18 +20,11 @@ from investigations.identities import (
 )
 from investigations.pacing import GapSampler, LaneSpec, RateLanes, identity_lane
 from investigations.store import StateStore
+from tests.fakes import FakeClock
 
 NOW = 1_000_000.0
 TTL_S = 30.0
 REST_S = 300.0  # the first rest under the default policy, with the jitter pinned to its middle
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Fixed(random.Random):
@@ -62,7 +55,7 @@ def only(*identities: IdentitySpec) -> IdentityCatalog:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(NOW)
 
 
 @pytest.fixture

@@ -10,21 +10,14 @@ import pytest
 
 from investigations.identities import CookieStore
 from investigations.store import StateStore
+from tests.fakes import FakeClock
 
 NOW = 1_000_000.0
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(NOW)
 
 
 def jar(*cookies: tuple[str, str, str]) -> httpx.Cookies:

@@ -9,6 +9,7 @@ import pytest
 from investigations.pacing import CLOSED, Circuits, CircuitState, next_state
 from investigations.specs import CircuitSpec
 from investigations.store import StateStore
+from tests.fakes import FakeClock
 
 POLICY = CircuitSpec(failure_threshold=3, cooldown_s=10.0, max_cooldown_s=60.0)
 NOW = 1_000.0
@@ -48,17 +49,9 @@ def test_next_state(before: CircuitState, event: str, after: CircuitState) -> No
     assert next_state(before, event, now_s=NOW, policy=POLICY) == after  # type: ignore[arg-type]
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(NOW)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from investigations.pacing import GapSampler, LaneSpec, RateLanes, aimd, identit
 from investigations.pacing.jitter import RHYTHM_GAPS, RHYTHM_MIN_CV, RHYTHM_SENDS_KEPT
 from investigations.specs import SourceSpec, ThrottleSpec
 from investigations.store import StateStore
+from tests.fakes import FakeClock
 
 T0 = 1_000.0
 THROTTLE = ThrottleSpec(decrease_factor=0.5, increase_step=0.05, min_factor=0.05, cut_hold_s=2.0,
@@ -26,17 +27,9 @@ THROTTLE = ThrottleSpec(decrease_factor=0.5, increase_step=0.05, min_factor=0.05
 TEN = LaneSpec("source:ten", rate_per_s=10.0, burst=1)
 
 
-class FakeClock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(T0)
 
 
 @pytest.fixture

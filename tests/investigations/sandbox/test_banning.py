@@ -13,21 +13,14 @@ import pytest
 from investigations.identities import classify_for_identity
 from investigations.sandbox import SandboxConfig, start_in_thread
 from investigations.sandbox.behaviour import SandboxState, SourceBehaviour
+from tests.fakes import FakeClock
 
 A, B = "127.0.0.2", "127.0.0.3"
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1000.0)
 
 
 def banning(clock: FakeClock, **changes: Any) -> SourceBehaviour:
@@ -39,10 +32,10 @@ def banning(clock: FakeClock, **changes: Any) -> SourceBehaviour:
 
 def admitted_at(behaviour: SourceBehaviour, clock: FakeClock, client: str, offsets_s: list[float]) -> list[bool]:
     """Send one request per offset (seconds after the start) from `client`; which got through."""
-    start_s = clock.now_s
+    start_s = clock.now
     results = []
     for offset_s in offsets_s:
-        clock.now_s = start_s + offset_s
+        clock.now = start_s + offset_s
         results.append(behaviour.screen(client) is None)
     return results
 
@@ -150,7 +143,7 @@ def test_control_shows_bans_per_address_and_sets_ban_s(web: httpx.Client, clock:
         web.get("/banning/profile/domain/example.com")
     state = web.get("/_control").json()["sources"]["banning"]
     assert (state["bans"], state["banned_now"], state["clients"]) == ({"127.0.0.1": 1}, ["127.0.0.1"], {"127.0.0.1": 6})
-    clock.now_s += 5.1
+    clock.now += 5.1
     assert web.get("/banning/profile/domain/example.com").status_code == 200
 
 

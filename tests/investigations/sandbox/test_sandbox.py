@@ -14,20 +14,11 @@ import pytest
 from selectolax.lexbor import LexborHTMLParser
 
 from investigations.sandbox import SandboxConfig, SandboxHandle, start_in_thread
+from tests.fakes import FakeClock
 
 _DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")]
 _LEADS = [("domain", "example.com"), ("username", "sample_user"), ("email", "someone@example.org"),
           ("url", "https://example.net/page"), ("org", "Example Widgets Ltd"), ("ip", "203.0.113.7")]
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand, so the token bucket is exact."""
-
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 @contextmanager
@@ -86,20 +77,20 @@ def test_records_have_the_contract_shape_and_only_reserved_data(
 
 
 def test_fragile_answers_429_with_retry_after_over_its_burst_and_recovers() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)  # moved by hand, so the token bucket is exact
     with sandbox(fragile_rate_per_s=2.0, fragile_burst=2, clock=clock) as (client, _):
         statuses = [lookup(client, "fragile", "domain", "example.com").status_code for _ in range(2)]
         refused = lookup(client, "fragile", "domain", "example.com")
         assert (statuses, refused.status_code, refused.headers["Retry-After"]) == ([200, 200], 429, "1")
         assert "error" in refused.json()
 
-        clock.now_s += 0.5  # exactly one token at 2 per second
+        clock.now += 0.5  # exactly one token at 2 per second
         assert lookup(client, "fragile", "domain", "example.com").status_code == 200
         assert lookup(client, "fragile", "domain", "example.com").status_code == 429
 
         assert client.post("/_control/fragile", json={"rate_per_s": 0.25}).status_code == 200
         assert lookup(client, "fragile", "domain", "example.com").headers["Retry-After"] == "4"
-        clock.now_s += 4.0
+        clock.now += 4.0
         assert lookup(client, "fragile", "domain", "example.com").status_code == 200
         assert client.get("/_control").json()["sources"]["fragile"]["status_counts"] == {"200": 4, "429": 3}
 
