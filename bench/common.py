@@ -26,9 +26,11 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import httpx
 import numpy as np
@@ -379,6 +381,37 @@ def engine_digest() -> str:
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def epoch_s(value: datetime | float | None) -> float | None:
+    """A stored time as seconds since the epoch: a naive datetime (SQLite gives those back) is UTC."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    return float(value)
+
+
+class Service:
+    """A helper process a bench starts on `with` and always cleans up, started or not."""
+
+    def start(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def cleanup(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.cleanup()
 
 
 def free_port() -> int:

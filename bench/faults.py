@@ -655,7 +655,7 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
             if args.keep:
                 print(f"  [{backend}] Postgres kept running on port {pg.port}, data in {pg.data}")
             else:
-                pg.close()
+                pg.cleanup()
     figures["config"] = {"backend": backend, "leads": args.leads, "deliveries": len(deliveries),
                          "collections": len(expected), "backfill_leads": backfill_leads,
                          "interactive_leads": len(expected) - backfill_leads, "run_worker_kills": args.kills,

@@ -15,12 +15,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import httpx
 
-from bench.common import ToolMissing, find_tool, free_port
+from bench.common import Service, ToolMissing, find_tool, free_port
 
 NGINX_MISSING = (
     "nginx is not installed, and the pacing bench needs its limit_req as the limiter under test.\n"
@@ -101,7 +99,7 @@ http {{
 """
 
 
-class Nginx:
+class Nginx(Service):
     """nginx running in front of `upstream` (host:port) with one loopback port per limiter.
 
     Use as a context manager (read `log_rows` inside it: leaving stops nginx and deletes its dir).
@@ -118,22 +116,10 @@ class Nginx:
         self.ports: dict[str, int] = {}
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> Self:
-        try:
-            self._start()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.cleanup()
-
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
 
-    def _start(self) -> None:
+    def start(self) -> None:
         (self.workdir / "tmp").mkdir(exist_ok=True)
         problem = ""
         for _ in range(PORT_ATTEMPTS):

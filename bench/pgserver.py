@@ -16,10 +16,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from bench.common import ToolMissing, free_port
+from bench.common import Service, ToolMissing, free_port
 
 POSTGRES_MISSING = (
     "PostgreSQL's server programs (initdb, pg_ctl) are not installed; the fault suite runs a server of its own.\n"
@@ -38,8 +36,8 @@ def find_bindir() -> Path | None:
     return Path(candidates[-1]).parent if candidates else None
 
 
-class PostgresServer:
-    """One private server: `start()`, `crash()`, `start()` again, `close()` (stops it and deletes its files)."""
+class PostgresServer(Service):
+    """One private server: `start()`, `crash()`, `start()` again, `cleanup()` (stops it and deletes its files)."""
 
     def __init__(self) -> None:
         bindir = find_bindir()
@@ -77,7 +75,7 @@ class PostgresServer:
         """Kill the server at once (`-m immediate`): open connections break, nothing is checkpointed."""
         self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
-    def close(self) -> None:
+    def cleanup(self) -> None:
         """Stop the server if it runs and delete its files."""
         if (self.data / "postmaster.pid").exists():
             try:
@@ -85,11 +83,3 @@ class PostgresServer:
             except RuntimeError:
                 pass
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.close()

@@ -53,6 +53,7 @@ from bench.common import (
     ToolMissing,
     dagster_postgres_storage,
     engine_digest,
+    epoch_s,
     fmt,
     gap_cv,
     host_load,
@@ -273,14 +274,6 @@ def limiter_figures(rows: Sequence[tuple[float, int, str]], *, t0: float, end_s:
     }
 
 
-def _epoch(value: datetime | float | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
-    return float(value)
-
-
 def analyse_fleet(fleet: Fleet, *, t0: float, end_s: float, steady: tuple[float, float]) -> dict[str, Any]:
     """Dagster's runs (kinds, leads, start-up, wind-down, events per lead) and the store's outcomes."""
     from dagster import DagsterInstance
@@ -306,7 +299,7 @@ def analyse_fleet(fleet: Fleet, *, t0: float, end_s: float, steady: tuple[float,
                 q.c.source == SOURCE, or_(q.c.park_reason.is_not(None), q.c.outcome == "parked"))
                 .group_by(q.c.park_reason)).all()
             # Per run: its first request and its last answer, from the fetch log.
-            spans = {run_id: (_epoch(first), _epoch(last)) for run_id, first, last in conn.execute(
+            spans = {run_id: (epoch_s(first), epoch_s(last)) for run_id, first, last in conn.execute(
                 select(log.c.run_id, func.min(log.c.at), func.max(log.c.at)).where(log.c.source == SOURCE)
                 .group_by(log.c.run_id)).all()}
         dead = store.dead_letters(source=SOURCE)
@@ -317,12 +310,12 @@ def analyse_fleet(fleet: Fleet, *, t0: float, end_s: float, steady: tuple[float,
             if run.tags.get("investigations/source") != SOURCE:
                 continue
             first, last = spans.get(run.run_id, (None, None))
-            started, ended = _epoch(record.start_time), _epoch(record.end_time)
+            started, ended = epoch_s(record.start_time), epoch_s(record.end_time)
             runs.append({
                 "kind": run.tags.get("investigations/priority_class", "other"),
                 "status": run.status.value.lower(),
                 "leads": int(run.tags.get("investigations/batch_size", "1")),
-                "created_s": _epoch(record.create_timestamp), "started_s": started, "ended_s": ended,
+                "created_s": epoch_s(record.create_timestamp), "started_s": started, "ended_s": ended,
                 "first_request_s": first, "last_request_s": last,
                 "events": len(instance.all_logs(run.run_id)) if run.tags.get("investigations/batch_size") else None,
             })

@@ -14,10 +14,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from bench.common import ToolMissing, find_tool, free_port
+from bench.common import Service, ToolMissing, find_tool, free_port
 
 TINYPROXY_MISSING = (
     "tinyproxy is not installed, and the product bench sends each identity through one.\n"
@@ -46,7 +44,7 @@ DisableViaHeader Yes
 """
 
 
-class Proxies:
+class Proxies(Service):
     """`count` tinyproxy processes; `urls[i]` is the i-th proxy, `outgoing[i]` the address it sends from.
 
     Use as a context manager: leaving stops every proxy and deletes the temp dir.
@@ -69,18 +67,9 @@ class Proxies:
     def urls(self) -> list[str]:
         return [f"http://127.0.0.1:{port}" for port in self.ports]
 
-    def __enter__(self) -> Self:
-        try:
-            for n in range(self.count):
-                self._start_one(n)
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.cleanup()
+    def start(self) -> None:
+        for n in range(self.count):
+            self._start_one(n)
 
     def _start_one(self, n: int) -> None:
         log = self.workdir / f"proxy{n}.log"

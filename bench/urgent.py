@@ -55,7 +55,7 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.common import parse_args, print_table, write_results
+from bench.common import epoch_s, parse_args, print_table, write_results
 from bench.fleet_process import (
     ROOT,
     CpuSampler,
@@ -259,14 +259,6 @@ def wait_first_request(fleet: Fleet, source: str, *, timeout_s: float) -> float:
 # -- figures ------------------------------------------------------------------------------------
 
 
-def _epoch(value: datetime | float | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
-    return float(value)
-
-
 def analyse_mode(fleet: Fleet, sent: list[dict[str, Any]], arrivals: dict[str, dict[str, float]], *, t0: float,
                  end_s: float, cpu_window: tuple[float, float], sampler: CpuSampler | None) -> dict[str, Any]:
     from dagster import DagsterEventType, DagsterInstance, RunsFilter
@@ -288,27 +280,27 @@ def analyse_mode(fleet: Fleet, sent: list[dict[str, Any]], arrivals: dict[str, d
                 row["first_request_s"] = arrivals.get(hook["value"], {}).get(URGENT_SOURCE)
                 log = store.fetch_log(source=URGENT_SOURCE, lead_id=lead_id)
                 if log:
-                    row["first_request_fetch_log_s"] = min(_epoch(r["at"]) - r["latency_ms"] / 1000 for r in log)
+                    row["first_request_fetch_log_s"] = min(epoch_s(r["at"]) - r["latency_ms"] / 1000 for r in log)
                 coll = store.collection(URGENT_SOURCE, lead_id)
-                row["stored_s"] = _epoch(coll.last_success_at) if coll else None
+                row["stored_s"] = epoch_s(coll.last_success_at) if coll else None
                 with store.engine.begin() as conn:
                     queued = conn.execute(select(q).where(q.c.source == URGENT_SOURCE, q.c.lead_id == lead_id)
                                           .order_by(q.c.id)).mappings().first()
                 records = instance.get_run_records(RunsFilter(tags={"investigations/lead_id": lead_id}),
                                                    order_by="create_timestamp", ascending=True, limit=1)
                 marks: dict[str, float | None] = {"sent": hook["sent_s"]}
-                marks["queued"] = _epoch(queued["enqueued_at"]) if queued else None
-                marks["dispatched"] = _epoch(queued["dispatched_at"]) if queued else None
+                marks["queued"] = epoch_s(queued["enqueued_at"]) if queued else None
+                marks["dispatched"] = epoch_s(queued["dispatched_at"]) if queued else None
                 if records:
                     run = records[0]
                     row["run_id"] = run.dagster_run.run_id
-                    marks["run created"] = _epoch(run.create_timestamp)
+                    marks["run created"] = epoch_s(run.create_timestamp)
                     kinds = {DagsterEventType.RUN_DEQUEUED, DagsterEventType.RUN_STARTING}
                     events = {e.dagster_event.event_type_value: e.timestamp
                               for e in instance.all_logs(run.dagster_run.run_id, of_type=kinds) if e.dagster_event}
                     marks["dequeued"] = events.get("PIPELINE_DEQUEUED", events.get("RUN_DEQUEUED",
                                                    events.get("PIPELINE_STARTING", events.get("RUN_STARTING"))))
-                    marks["run started"] = _epoch(run.start_time)
+                    marks["run started"] = epoch_s(run.start_time)
                 marks["first request"] = row["first_request_s"]
                 marks["stored"] = row["stored_s"]
                 row["marks"] = marks

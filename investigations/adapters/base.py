@@ -86,9 +86,13 @@ class TemplateAdapter:
         self.cache = cache if cache is not None else BOOTSTRAPS
 
     def requests_for(self, lead: Lead) -> list[PlannedRequest]:
-        """The request for `lead`, or none when the source does not take leads of its kind."""
+        """The requests for `lead` (`plan`), or none when the source does not take leads of its kind."""
         if not self.spec.accepts(lead.kind):
             return []
+        return self.plan(lead)
+
+    def plan(self, lead: Lead) -> list[PlannedRequest]:
+        """The requests for a lead the source takes: one, from the spec's url template."""
         url = fill_template(self.spec.request.url, lead)
         return [PlannedRequest(self.spec.request.method, url, self.headers())]
 

@@ -33,10 +33,8 @@ class CdxAdapter(TemplateAdapter):
     def config(self) -> CdxParse:
         return self.parse_config(CdxParse)
 
-    def requests_for(self, lead: Lead) -> list[PlannedRequest]:
+    def plan(self, lead: Lead) -> list[PlannedRequest]:
         """The query for `lead`; with `index_catalog`, first the collection list unless cached."""
-        if not self.spec.accepts(lead.kind):
-            return []
         if not self.config.index_catalog:
             url = self._with_match(fill_template(self.spec.request.url, lead), lead)
             return [PlannedRequest(self.spec.request.method, url, self.headers())]

@@ -43,10 +43,8 @@ class DohAdapter(TemplateAdapter):
     def config(self) -> DohParse:
         return self.parse_config(DohParse)
 
-    def requests_for(self, lead: Lead) -> list[PlannedRequest]:
+    def plan(self, lead: Lead) -> list[PlannedRequest]:
         """The question for the first record type; the others follow its answer."""
-        if not self.spec.accepts(lead.kind):
-            return []
         return [self._question(lead, self.config.types[0])]
 
     def follow(self, lead: Lead, request: PlannedRequest, body: bytes) -> list[PlannedRequest]:

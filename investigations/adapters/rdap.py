@@ -37,13 +37,11 @@ class RdapAdapter(TemplateAdapter):
     def config(self) -> RdapParse:
         return self.parse_config(RdapParse)
 
-    def requests_for(self, lead: Lead) -> list[PlannedRequest]:
+    def plan(self, lead: Lead) -> list[PlannedRequest]:
         """The registry lookup for a domain lead, after the bootstrap file when it is not cached.
 
         Raises ParseError when the cached bootstrap lists no RDAP server for the lead's TLD.
         """
-        if not self.spec.accepts(lead.kind):
-            return []
         services = self.cache.get(f"rdap {self.spec.request.url}", ttl_s=self.config.bootstrap_ttl_s)
         if services is None:
             return [PlannedRequest("GET", self.spec.request.url, self.headers(), collects=False)]
