@@ -16,6 +16,7 @@ from investigations.records import RecordStore
 from investigations.specs import SourceCatalog
 from investigations.store import StateStore
 from resources.identities import IdentityPoolResource
+from resources.storage_connections import hold_connections_for_the_run
 
 
 class FleetResource(ConfigurableResource):
@@ -39,10 +40,22 @@ class FleetResource(ConfigurableResource):
     _store: StateStore | None = PrivateAttr(default=None)
     _engine: Engine | None = PrivateAttr(default=None)
     _own_identities: IdentityPoolResource | None = PrivateAttr(default=None)
+    _settings: Settings | None = PrivateAttr(default=None)
     # Batch runs collect several leads at once in threads: the first of them opens the engine.
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        if context.run is not None:
+            # A run worker writes two events per lead: keep its storage connections open for the run.
+            hold_connections_for_the_run(context.instance)
+
     def settings(self) -> Settings:
+        """The fleet's settings, read once per run (every collection of a batch asks for them)."""
+        if self._settings is None:
+            self._settings = self._read_settings()
+        return self._settings
+
+    def _read_settings(self) -> Settings:
         env = dict(os.environ)
         for name, value in (
             ("INVESTIGATIONS_DATABASE_URL", self.database_url),
@@ -109,6 +122,7 @@ class FleetResource(ConfigurableResource):
         with self._lock:
             engine, own, store = self._engine, self._own_identities, self._store
             self._engine = self._own_identities = self._store = None
+            self._settings = None
         if engine is not None:
             engine.close()  # its HTTP clients; the store and pool it was handed are closed below
         if own is not None:
