@@ -517,6 +517,26 @@ def pg_admin(sql: str, *, server: str = POSTGRES_URL) -> None:
         engine.dispose()
 
 
+def pg_server_pid(*, server: str = POSTGRES_URL) -> int | None:
+    """The pid of the Postgres server process (the postmaster) when it runs on this machine, else None.
+
+    A backend's parent is the postmaster; its process tree holds every backend, and the time of the
+    backends that ended is in its children's counters, so sampling the tree counts the server's work.
+    """
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(server)
+    try:
+        with engine.connect() as conn:
+            backend = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+        stat = Path(f"/proc/{backend}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    finally:
+        engine.dispose()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 def pg_url(db: str, *, server: str = POSTGRES_URL) -> str:
     """The bench server's URL for database `db`."""
     head, _, _ = server.rpartition("/")

@@ -59,6 +59,7 @@ from bench.common import (
     host_load,
     parse_args,
     pg_admin,
+    pg_server_pid,
     pg_url,
     print_table,
     write_results,
@@ -201,6 +202,9 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
             groups = {"dagster": fleet.procs["daemon"].pid, "intake": fleet.procs["intake"].pid,
                       "sandbox": fleet.procs["sandbox"].pid, "nginx": nginx._proc.pid if nginx._proc else 0}
             groups.update({f"proxy{n}": proc.pid for n, proc in enumerate(proxies.procs)})
+            if databases and (server := pg_server_pid()):
+                # The database server's work for the fleet (Dagster's storage and the state store).
+                groups["postgres"] = server
             sampler = CpuSampler(groups).start()
             cli.append(run_cli(fleet, "backfill", "--source", SOURCE))
             t0 = wait_first_row(nginx, cfg.name, fleet, timeout_s=T0_TIMEOUT_S)
@@ -230,7 +234,9 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
             "cpu": {"window_s": cpu.get("seconds"), "fleet_cpu_s": fleet_cpu, "groups_s": cpu.get("groups", {}),
                     "roles_s": cpu.get("roles", {}), "processes": cpu.get("processes", {}),
                     "machine_cores_busy": cpu["machine_busy_s"] / cpu["seconds"] if cpu.get("seconds") else None,
-                    "fleet_cpu_per_record_s": fleet_cpu / stored if stored else None}}
+                    "fleet_cpu_per_record_s": fleet_cpu / stored if stored else None,
+                    "postgres_cpu_per_record_s": (cpu["groups"]["postgres"] / stored
+                                                  if stored and "postgres" in cpu.get("groups", {}) else None)}}
 
 
 def limiter_figures(rows: Sequence[tuple[float, int, str]], *, t0: float, end_s: float, ceiling: float,
@@ -449,6 +455,8 @@ def report(figures: dict[str, Any]) -> None:
          *([fmt(engine["collected"])] if engine else [])],
         ["CPU per stored record (ms)", *(_ms(configs[n]["cpu"]["fleet_cpu_per_record_s"]) for n in names),
          *([_ms(engine["cpu_per_record_s"])] if engine else [])],
+        ["Postgres server CPU per record (ms)", *(_ms(configs[n]["cpu"].get("postgres_cpu_per_record_s"))
+                                                   for n in names), *(["-"] if engine else [])],
         ["fleet CPU / engine CPU per record", *(fmt(configs[n].get("cpu_factor")) for n in names),
          *(["1"] if engine else [])],
         ["parked collections", *(fmt(configs[n]["parked"]["rows"]) for n in names), *(["-"] if engine else [])],
