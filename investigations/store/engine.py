@@ -2,7 +2,10 @@
 
 SQLite gets WAL, a long busy timeout and `BEGIN IMMEDIATE` for every transaction, so concurrent
 writers from several run processes queue for the lock instead of failing with `database is locked`
-halfway through a read-then-write.
+halfway through a read-then-write. A transaction opened with the `READ_ONLY` execution option (see
+`Tables.reading`) begins deferred instead: under WAL a reader neither waits for the writer nor
+holds it up, which matters for what is polled several times a second (the new-lead sensors' inbox
+look-up) while run workers write.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+READ_ONLY = "investigations_read_only"  # execution option: this transaction only reads
 
 
 def make_engine(url: str, *, schema: str | None = None) -> Engine:
@@ -52,6 +56,6 @@ def _sqlite_engine(url: str) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
     return engine

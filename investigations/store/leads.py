@@ -120,7 +120,7 @@ class LeadTables(Tables):
 
     def last_inbox_id(self) -> int:
         """The id of the newest inbox row (0 for an empty inbox): one index look-up, cheap to poll."""
-        with self.engine.begin() as conn:
+        with self.reading() as conn:
             return conn.execute(select(func.max(s.inbox.c.id))).scalar() or 0
 
     def get_lead(self, lead_id: str) -> Lead | None:

@@ -3,11 +3,15 @@ dialect-aware insert and upsert every family's writes use (SQLite and Postgres a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.dialects import postgresql, sqlite
+
+from investigations.store.engine import READ_ONLY
 
 
 def utcnow() -> datetime:
@@ -22,6 +26,14 @@ class Tables:
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A transaction that only reads: on SQLite it takes no write lock, so it waits for no writer."""
+        with self.engine.connect() as conn:
+            conn.execution_options(**{READ_ONLY: True})
+            with conn.begin():
+                yield conn
 
 
 def insert_new(conn: Connection, table: Table, rows: list[dict[str, Any]], *, keys: list[str]) -> list[Any]:

@@ -5,6 +5,7 @@ collections and dead letters, and the schema version.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
@@ -110,6 +111,22 @@ def test_last_inbox_id_is_the_newest_row_and_zero_when_empty(store: StateStore) 
     accept(store, "wh-1", EXAMPLE)
     accept(store, "wh-2", ALICE)
     assert store.last_inbox_id() == store.inbox_after(0, limit=10)[-1].id
+
+
+def test_polling_the_inbox_on_sqlite_does_not_wait_for_a_writer(sqlite_store: StateStore) -> None:
+    accept(sqlite_store, "wh-1", EXAMPLE)
+    newest = sqlite_store.inbox_after(0, limit=10)[-1].id
+    writer = StateStore.from_url(str(sqlite_store.engine.url))  # another process's writes, say a run worker's
+    polled: list[int] = []
+    try:
+        with writer.engine.begin() as conn:  # BEGIN IMMEDIATE: the write lock, held until the block ends
+            conn.execute(select(func.count()).select_from(s.inbox))
+            poll = threading.Thread(target=lambda: polled.append(sqlite_store.last_inbox_id()), daemon=True)
+            poll.start()
+            poll.join(timeout=5)  # the busy timeout is 30 s: a poll that waited for the lock is still waiting
+            assert polled == [newest]
+    finally:
+        writer.close()
 
 
 # -- leads ------------------------------------------------------------------------------------------
