@@ -5,7 +5,10 @@ with `master_process off`, so it runs as the current user and one pid stops it),
 temp paths in that dir. One `server` per limiter, each with its own zone, so fleets measured side by
 side never share a bucket; a limiter may add a site-wide zone (one bucket for every client) on top of
 the per-address one. Rejections answer 429 (`limit_req_status`); every limited request is logged as
-`$msec $status $remote_addr`, the limiter's own count of what it admitted and refused.
+`$msec $status $remote_addr`, the limiter's own count of what it admitted and refused. nginx tells
+the sandbox each client's address (`X-Forwarded-For`, which uvicorn trusts from loopback); a limiter
+with `pass_refusals` also hands each refusal on to the sandbox (`error_page 429` to a location that
+proxies it with `X-Limiter-Refused`), so the sandbox's ban rules see what nginx refused.
 """
 
 from __future__ import annotations
@@ -44,12 +47,29 @@ class Limiter:
     burst: int
     site_rate_per_s: int | None = None
     site_burst: int = 0
+    pass_refusals: bool = False  # refusals go on to the sandbox, which counts them and answers the 429
+
+
+_PROXY_HEADERS = 'proxy_set_header Connection ""; proxy_set_header X-Forwarded-For $remote_addr;'
 
 
 def _site_limit(lim: Limiter) -> str:
     if not lim.site_rate_per_s:
         return ""
     return f"\n            limit_req zone={lim.name}_site burst={lim.site_burst} nodelay;"
+
+
+def _refusals(workdir: Path, lim: Limiter) -> tuple[str, str]:
+    """The `error_page` line and the named location that pass a limiter's refusals to the sandbox."""
+    if not lim.pass_refusals:
+        return "", ""
+    return (f"\n            error_page 429 = @{lim.name}_refused;",
+            f"""
+        location @{lim.name}_refused {{
+            access_log {workdir}/{lim.name}.log bench;
+            {_PROXY_HEADERS} proxy_set_header X-Limiter-Refused 1;
+            proxy_pass http://sandbox;
+        }}""")
 
 
 def _config(workdir: Path, limiters: list[Limiter], ports: dict[str, int], upstream: str) -> str:
@@ -65,13 +85,13 @@ def _config(workdir: Path, limiters: list[Limiter], ports: dict[str, int], upstr
         f"""    server {{
         listen 127.0.0.1:{ports[lim.name]};
         proxy_http_version 1.1;
-        proxy_set_header Connection "";
+        {_PROXY_HEADERS}
         location = /healthz {{ proxy_pass http://sandbox; }}
         location / {{
-            limit_req zone={lim.name} burst={lim.burst} nodelay;{_site_limit(lim)}
+            limit_req zone={lim.name} burst={lim.burst} nodelay;{_site_limit(lim)}{_refusals(workdir, lim)[0]}
             access_log {workdir}/{lim.name}.log bench;
             proxy_pass http://sandbox;
-        }}
+        }}{_refusals(workdir, lim)[1]}
     }}"""
         for lim in limiters
     )

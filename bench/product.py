@@ -15,8 +15,12 @@ the first request nginx logs; the run lasts `--duration-s` from there.
 Configurations (one bench run, one after the other, each with a fresh fleet, nginx and proxies):
 - `right`: the source configured to the limiter (rates as nginx's, bursts one below nginx's, as the
   README says); goal OK/s / ceiling >= 0.97 after the first 30 s and 0 refusals.
-- `high`: the source configured at twice the limiter's rates; AIMD and Retry-After must bring it
-  down. Reported: 429s and the rate.
+- `high`: the source configured at twice the limiter's rates; AIMD must bring it down (nginx sends
+  no Retry-After); goal at most 1 % refused after the first 30 s and >= 0.90 of the ceiling.
+- `defend`: configured right, against a target that defends itself: nginx passes its refusals on
+  to the sandbox, which bans an address (403 and a captcha page, for `ban_s`) after DEFEND's
+  `ban_refusals` refusals within `ban_window_s`, or when its last `ban_rhythm_gaps` gaps vary less
+  than `ban_rhythm_cv`; goal 0 identities banned and >= 0.97 of the ceiling.
 - `engine`: the engine alone (one process: `Collector` + `Fetcher` + rate lanes + the identity pool,
   no Dagster, one batch's `concurrency` threads) on the same target configured right, for its CPU
   per stored record and the rate it reaches.
@@ -47,6 +51,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from bench.common import (
@@ -86,7 +91,14 @@ T0_TIMEOUT_S = 180.0  # from the backfill command to the first request at nginx
 GOAL_RATIO = 0.97
 GOAL_CPU_FACTOR = 2.5
 HIGH_FACTOR = 2
+GOAL_HIGH_REFUSED_SHARE = 0.01
+GOAL_HIGH_RATIO = 0.90
+# The defending target's rules (the sandbox's settings for the source's route): a few refusals in a
+# short window, or a too regular rhythm, and the address is banned for a minute.
+DEFEND = {"ban_refusals": 3, "ban_window_s": 10.0, "ban_rhythm_cv": 0.1, "ban_rhythm_gaps": 8, "ban_s": 60.0}
 NO_REASON = "(no reason)"
+REFUSAL_CONTEXT_S = 1.5  # per refusal, the requests nginx logged this long before it
+REFUSALS_SHOWN = 8
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,7 @@ class Config:
     duration_s: float
     rate_factor: float  # the fleet's configured rates / nginx's
     postgres: bool = False  # the state store and Dagster's storage on Postgres (fresh databases, dropped after)
+    defend: bool = False  # the target bans addresses (DEFEND)
 
 
 # -- set-up --------------------------------------------------------------------------------------
@@ -150,8 +163,27 @@ def wait_first_row(nginx: Nginx, name: str, fleet: Fleet, *, timeout_s: float) -
     raise TimeoutError(f"no request reached nginx within {timeout_s:.0f} s; see {fleet.logs}")
 
 
-def _limiter(name: str, args: Any) -> Limiter:
-    return Limiter(name, args.client_rate, args.burst, site_rate_per_s=args.site_rate, site_burst=args.burst)
+def _limiter(name: str, args: Any, *, defend: bool = False) -> Limiter:
+    return Limiter(name, args.client_rate, args.burst, site_rate_per_s=args.site_rate, site_burst=args.burst,
+                   pass_refusals=defend)
+
+
+def sandbox_source(fleet: Fleet, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The sandbox's settings and counters for the source's route, after `changes` if any."""
+    with httpx.Client(trust_env=False, timeout=5.0) as client:
+        if changes:
+            client.post(f"{fleet.sandbox_url}/_control/{SOURCE}", json=changes).raise_for_status()
+        answer = client.get(f"{fleet.sandbox_url}/_control")
+        answer.raise_for_status()
+        return dict(answer.json()["sources"][SOURCE])
+
+
+def ban_figures(state: dict[str, Any], outgoing: dict[str, str]) -> dict[str, Any]:
+    """The target's bans per identity (the sandbox sees each proxy's outgoing address)."""
+    bans = {outgoing.get(address, address): n for address, n in state["bans"].items()}
+    cvs = [cv for address, cv in state["lowest_rhythm_cv"].items() if address in outgoing]
+    return {"identities_banned": len(bans), "bans": sum(bans.values()), "per_identity": bans,
+            "reasons": state["ban_reasons"], "lowest_8_gap_cv": min(cvs) if cvs else None}
 
 
 # -- one fleet configuration ---------------------------------------------------------------------
@@ -187,7 +219,9 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
     try:
         start_fleet(fleet, services=("sandbox",))
         sandbox_port = fleet.env["INVESTIGATIONS_SANDBOX_PORT"]
-        with Nginx([_limiter(cfg.name, args)], upstream=f"127.0.0.1:{sandbox_port}") as nginx, \
+        if cfg.defend:
+            sandbox_source(fleet, DEFEND)
+        with Nginx([_limiter(cfg.name, args, defend=cfg.defend)], upstream=f"127.0.0.1:{sandbox_port}") as nginx, \
                 Proxies(args.identities) as proxies:
             (fleet.base / "sources.yaml").write_text(sources_yaml(nginx.url(cfg.name), args, cfg.rate_factor))
             (fleet.base / "identities.yaml").write_text(identities_yaml(proxies))
@@ -215,6 +249,7 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
             sampler.stop()
             # Dagster first: a run still collecting while the sandbox goes would log its 502s as failures.
             stop_all([fleet.procs.pop(name) for name in ("daemon", "intake")])
+            target = sandbox_source(fleet)
             fleet.stop()
             rows = nginx.client_rows(cfg.name)
             outgoing = dict(zip(proxies.outgoing, (f"proxy{n}" for n in range(args.identities)), strict=True))
@@ -229,8 +264,9 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
     cpu = sampler.window(*steady) if sampler else {}
     stored = fleet_figures["stored_in_steady_window"]
     fleet_cpu = sum(cpu.get("groups", {}).get(g, 0.0) for g in ("dagster", "intake"))
-    return {"config": cfg.name, "rate_factor": cfg.rate_factor, "postgres": cfg.postgres, "leads_added": leads, "cli": cli, "t0": t0,
-            "end_s": end_s, **figures, **fleet_figures,
+    return {"config": cfg.name, "rate_factor": cfg.rate_factor, "postgres": cfg.postgres, "defend": cfg.defend,
+            "leads_added": leads, "cli": cli, "t0": t0, "end_s": end_s, **figures, **fleet_figures,
+            "target_bans": ban_figures(target, outgoing),
             "cpu": {"window_s": cpu.get("seconds"), "fleet_cpu_s": fleet_cpu, "groups_s": cpu.get("groups", {}),
                     "roles_s": cpu.get("roles", {}), "processes": cpu.get("processes", {}),
                     "machine_cores_busy": cpu["machine_busy_s"] / cpu["seconds"] if cpu.get("seconds") else None,
@@ -267,6 +303,11 @@ def limiter_figures(rows: Sequence[tuple[float, int, str]], *, t0: float, end_s:
         timeline.append({"from_s": round(at - t0), "ok_per_s": ok(picked) / (upto - at), "refused_429": refused(picked)})
         at = upto
     ok_per_s = ok(steady) / steady_s if steady_s > 0 else None
+    # What reached nginx just before each refusal (the first few): a burst, and from whom.
+    context = [{"at_s": round(at - t0, 2), "client": outgoing.get(address, address),
+                "before": [[round(r[0] - at, 3), r[1], outgoing.get(r[2], r[2])] for r in inside
+                           if at - REFUSAL_CONTEXT_S <= r[0] < at]}
+               for at, status, address in inside if status == 429][:REFUSALS_SHOWN]
     return {
         "ceiling_per_s": ceiling,
         "ok_per_s": ok_per_s,
@@ -276,7 +317,7 @@ def limiter_figures(rows: Sequence[tuple[float, int, str]], *, t0: float, end_s:
         "refused_429_after_warmup": refused(steady),
         "refused_share_after_warmup": refused(steady) / len(steady) if steady else None,
         "other_statuses": dict(Counter(str(r[1]) for r in inside if not (200 <= r[1] < 300 or r[1] == 429))),
-        "clients": clients, "timeline": timeline,
+        "clients": clients, "timeline": timeline, "refusal_context": context,
     }
 
 
@@ -297,6 +338,11 @@ def analyse_fleet(fleet: Fleet, *, t0: float, end_s: float, steady: tuple[float,
             stored = conn.execute(select(func.count()).where(
                 q.c.source == SOURCE, q.c.state == "done", q.c.outcome.in_(["ok", "empty"]),
                 q.c.finished_at >= lo, q.c.finished_at < hi)).scalar_one()
+            # Every source's collections stored in the window: the recurring crawls of the others run
+            # in the same fleet, on the same CPU.
+            stored_by_source = dict(conn.execute(select(q.c.source, func.count()).where(
+                q.c.state == "done", q.c.outcome.in_(["ok", "empty"]),
+                q.c.finished_at >= lo, q.c.finished_at < hi).group_by(q.c.source)).all())
             states = {f"{state}/{outcome or '-'}": n for state, outcome, n in conn.execute(
                 select(q.c.state, q.c.outcome, func.count()).where(q.c.source == SOURCE)
                 .group_by(q.c.state, q.c.outcome)).all()}
@@ -309,6 +355,12 @@ def analyse_fleet(fleet: Fleet, *, t0: float, end_s: float, steady: tuple[float,
                 select(log.c.run_id, func.min(log.c.at), func.max(log.c.at)).where(log.c.source == SOURCE)
                 .group_by(log.c.run_id)).all()}
         dead = store.dead_letters(source=SOURCE)
+        with store.engine.begin() as conn:
+            lane_rows = conn.execute(select(s.rate_lanes)).mappings().all()
+        lanes = {row["lane"]: {"rate_factor": round(row["rate_factor"], 3),
+                               "ceiling_factor": round(row["ceiling_factor"], 3),
+                               "last_cut_s": round(row["last_cut_s"] - t0, 1) if row["last_cut_s"] else None}
+                 for row in lane_rows if SOURCE in row["lane"].split(":")}
         records = instance.get_run_records()
         runs = []
         for record in records:
@@ -330,12 +382,18 @@ def analyse_fleet(fleet: Fleet, *, t0: float, end_s: float, steady: tuple[float,
     runs.sort(key=lambda r: r["created_s"] or 0)
     by_kind = Counter(f"{r['kind']}/{r['status']}" for r in runs)
     batches = [r for r in runs if r["leads"] > 1]
+    other_runs = Counter(f"{r.dagster_run.tags.get('investigations/source', '-')}/"
+                         f"{r.dagster_run.tags.get('investigations/priority_class', 'other')}" for r in records
+                         if r.dagster_run.tags.get("investigations/source") != SOURCE)
     return {
         "stored_in_steady_window": stored,
+        "stored_in_steady_window_by_source": stored_by_source,
+        "other_sources_runs": dict(sorted(other_runs.items())),
         "queue_states": states,
         "parked": {"rows": sum(n for _, n in parked_rows),
                    "reasons": {reason or NO_REASON: n for reason, n in parked_rows}},
         "dead_letters": len(dead),
+        "lanes_at_end": lanes,
         "runs_by_kind": dict(sorted(by_kind.items())),
         "leads_per_run": {kind: [r["leads"] for r in runs if r["kind"] == kind] for kind in sorted({r["kind"] for r in runs})},
         "runs": runs,
@@ -459,6 +517,7 @@ def report(figures: dict[str, Any]) -> None:
                                                    for n in names), *(["-"] if engine else [])],
         ["fleet CPU / engine CPU per record", *(fmt(configs[n].get("cpu_factor")) for n in names),
          *(["1"] if engine else [])],
+        ["identities banned (bans)", *(_bans(configs[n]) for n in names), *(["-"] if engine else [])],
         ["parked collections", *(fmt(configs[n]["parked"]["rows"]) for n in names), *(["-"] if engine else [])],
         ["dead letters", *(fmt(configs[n]["dead_letters"]) for n in names), *(["-"] if engine else [])],
         ["events per lead (batch runs)", *(fmt(configs[n]["events_per_lead"]) for n in names),
@@ -476,6 +535,9 @@ def report(figures: dict[str, Any]) -> None:
               f"started->first request {_stat(b['start_to_first_request_s'])}, "
               f"last request->end {_stat(b['last_request_to_end_s'])}; no batch sending for "
               f"{b['no_batch_sending_s']:.1f} s {json.dumps(b['no_batch_sending_gaps'])}")
+        print(f"  [{name}] every source's records stored in the steady window: "
+              f"{json.dumps(c['stored_in_steady_window_by_source'])}; other sources' runs: "
+              f"{json.dumps(c['other_sources_runs'])}")
         print(f"  [{name}] timeline (OK/s, 429s per {TIMELINE_BIN_S:g} s): "
               + " ".join(f"{t['ok_per_s']:.2f}/{t['refused_429']}" for t in c["timeline"]))
         roles = c["cpu"]["roles_s"]
@@ -483,9 +545,24 @@ def report(figures: dict[str, Any]) -> None:
                                                                    if v >= 0.05))
         if c["parked"]["rows"]:
             print(f"  [{name}] parked: {json.dumps(c['parked']['reasons'])}")
+        cut = {lane: s for lane, s in c["lanes_at_end"].items() if s["last_cut_s"] is not None}
+        if cut:
+            print(f"  [{name}] lanes cut (factor, ceiling, last cut s after t0): "
+                  + ", ".join(f"{lane} {s['rate_factor']}/{s['ceiling_factor']}/{s['last_cut_s']}"
+                              for lane, s in cut.items()))
+        if c["target_bans"]["bans"]:
+            print(f"  [{name}] target's bans: {json.dumps(c['target_bans'])}")
     goals = figures["goals"]
     print(f"\n  goals: right OK/s / ceiling >= {GOAL_RATIO} and 0 x 429: {goals['rate']}; fleet CPU per record "
           f"<= {GOAL_CPU_FACTOR} x engine's: {goals['cpu']}; nothing parked without a reason: {goals['parking']}")
+    print(f"         high: refused share after {WARMUP_S:g} s <= {GOAL_HIGH_REFUSED_SHARE:.0%} and OK/s / ceiling "
+          f">= {GOAL_HIGH_RATIO}: {goals['high']}; defend: 0 identities banned and OK/s / ceiling >= {GOAL_RATIO}: "
+          f"{goals['defend']}")
+
+
+def _bans(config: dict[str, Any]) -> str:
+    bans = config["target_bans"]
+    return f"{bans['identities_banned']} ({bans['bans']})" if config["defend"] else "-"
 
 
 def _cv_range(clients: dict[str, Any]) -> str:
@@ -505,6 +582,8 @@ def _stat(entry: dict[str, Any]) -> str:
 def _extra(parser: Any) -> None:
     parser.add_argument("--high-duration-s", type=float, default=None,
                         help="measured seconds of the `high` configuration (default half of --duration-s; 0 skips it)")
+    parser.add_argument("--defend-duration-s", type=float, default=None,
+                        help="measured seconds of the `defend` configuration (default half of --duration-s; 0 skips it)")
     parser.add_argument("--engine-s", type=float, default=DEFAULT_ENGINE_S,
                         help=f"the engine-alone phase: its leads are the ceiling's worth of this many seconds "
                              f"(default {DEFAULT_ENGINE_S:g}; 0 skips it)")
@@ -527,16 +606,24 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _goal(config: dict[str, Any] | None, met: Any) -> str:
+    return "-" if config is None else ("met" if met(config) else "NOT met")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv, description=__doc__.splitlines()[0], default_duration_s=DEFAULT_DURATION_S, extra=_extra)
     high_s = args.duration_s / 2 if args.high_duration_s is None else args.high_duration_s
+    defend_s = args.duration_s / 2 if args.defend_duration_s is None else args.defend_duration_s
     # SIGTERM ends the bench through its `finally` blocks, so no fleet process outlives it.
     signal.signal(signal.SIGTERM, _interrupt)
     configs = [Config("right", args.duration_s, 1.0)] + ([Config("high", high_s, HIGH_FACTOR)] if high_s > 0 else [])
+    if defend_s > 0:
+        configs.append(Config("defend", defend_s, 1.0, defend=True))
     if args.postgres:
         configs.insert(1, Config("right-pg", args.duration_s, 1.0, postgres=True))
     figures: dict[str, Any] = {
-        "config": {"duration_s": args.duration_s, "high_duration_s": high_s, "engine_s": args.engine_s,
+        "config": {"duration_s": args.duration_s, "high_duration_s": high_s, "defend_duration_s": defend_s,
+                   "defend_rules": DEFEND, "engine_s": args.engine_s,
                    "identities": args.identities, "client_rate": args.client_rate, "site_rate": args.site_rate,
                    "burst": args.burst, "warmup_s": WARMUP_S, "seed": args.seed},
         "engine_version": engine_digest(), "host_before": host_load(), "configs": {}, "engine": None}
@@ -568,6 +655,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu": "-" if right["cpu_factor"] is None else ("met" if right["cpu_factor"] <= GOAL_CPU_FACTOR else "NOT met"),
         "parking": "met" if all(NO_REASON not in c["parked"]["reasons"] for c in figures["configs"].values())
                    else "NOT met",
+        "high": _goal(figures["configs"].get("high"), lambda c: (c["refused_share_after_warmup"] or 0)
+                      <= GOAL_HIGH_REFUSED_SHARE and (c["ratio"] or 0) >= GOAL_HIGH_RATIO),
+        "defend": _goal(figures["configs"].get("defend"), lambda c: c["target_bans"]["identities_banned"] == 0
+                        and (c["ratio"] or 0) >= GOAL_RATIO),
     }
     figures["host_after"] = host_load()
     report(figures)

@@ -57,6 +57,11 @@ BLOCK_PAGE = (
     "</body></html>"
 )
 VISITOR_COOKIE_MAX_AGE_S = 86_400
+# A rate limiter in front of the sandbox (nginx `limit_req` with `error_page 429` to a location that
+# proxies on with this header) passes its refusals on: the sandbox counts them against the client
+# address (the `ban_refusals` rule) and answers the 429 itself. The client address is the one
+# uvicorn's proxy headers give (X-Forwarded-For from a trusted proxy, loopback by default).
+LIMITER_REFUSED_HEADER = "x-limiter-refused"
 
 
 def _lead_problem(kind: str, q: str) -> str | None:
@@ -103,8 +108,11 @@ def create_app(config: SandboxConfig | None = None) -> Starlette:
             b.requests += 1
             client = request.client.host if request.client else "unknown"
             b.observe(client, request.headers.raw, request.cookies)
-            if b.screen(client) is not None:
+            refused = LIMITER_REFUSED_HEADER in request.headers
+            if b.screen(client, refused=refused) is not None:
                 response: Response = HTMLResponse(BLOCK_PAGE, status_code=403)
+            elif refused:
+                response = JSONResponse({"error": "rate limited"}, status_code=429)
             else:
                 response = await _answer(request, b, fmt, config.seed)
             if (visitor := b.visit(request.cookies.get(VISITOR_COOKIE))) is not None:

@@ -68,6 +68,9 @@ class Settings:
     ban_window_s: float = 5.0
     ban_rhythm_cv: float | None = None  # the last ban_rhythm_gaps gaps with a CV below this
     ban_rhythm_gaps: int = 8
+    # this many refusals of one address within ban_window_s, by the sandbox or by a rate limiter in
+    # front of it that passes its refusals on (LIMITER_REFUSED_HEADER), ban it
+    ban_refusals: int | None = None
     ban_s: float = 60.0  # how long an address stays banned (403 and a block page)
     visitor_cookie: bool = False  # hand out a `visitor` cookie and count visitors who bring it back
 
@@ -119,6 +122,14 @@ def _gaps(key: str, value: Any) -> int:
     return value
 
 
+def _refusals(key: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} must be an integer of at least 1 (or null for no such rule), got {value!r}")
+    return value
+
+
 def _delay(key: str, value: Any) -> tuple[float, float]:
     if not isinstance(value, list | tuple) or len(value) != 2:
         raise ValueError(f"{key} must be [lo, hi] in seconds, got {value!r}")
@@ -140,6 +151,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "ban_window_s": _positive,
     "ban_rhythm_cv": _cv,
     "ban_rhythm_gaps": _gaps,
+    "ban_refusals": _refusals,
     "ban_s": _positive,
     "visitor_cookie": _empty,
 }
@@ -242,13 +254,14 @@ class SourceBehaviour:
         self.status_counts: Counter[int] = Counter()
         self.clients: Counter[str] = Counter()  # requests per client address
         self.bans: Counter[str] = Counter()  # bans imposed per client address
-        self.ban_reasons: Counter[str] = Counter()  # "rate" or "rhythm" (or "manual")
+        self.ban_reasons: Counter[str] = Counter()  # "rate", "rhythm" or "refusals" (or "manual")
         self.recent: deque[RequestSeen] = deque(maxlen=RECENT_REQUESTS)
         # The most regular the last ban_rhythm_gaps gaps of each address ever were: how close it came.
         self.lowest_rhythm_cv: dict[str, float] = {}
         self.returning_visitors = 0  # requests that brought back a visitor cookie this source issued
         self._visitors: set[str] = set()
         self._arrivals: dict[str, deque[float]] = {}
+        self._refusals: dict[str, deque[float]] = {}  # when each address was refused, within the window
         self._banned_until: dict[str, float] = {}
 
     def configure(self, changes: Mapping[str, Any]) -> None:
@@ -264,12 +277,14 @@ class SourceBehaviour:
         agent = agents[0] if agents else None
         self.recent.append(RequestSeen(client, names, agent, tuple(sorted(cookies)), self._clock()))
 
-    def screen(self, client: str) -> float | None:
+    def screen(self, client: str, *, refused: bool = False) -> float | None:
         """Judge one request from `client` against the ban rules: None to let it through, else the
         seconds its ban has left (the request is refused). Every request counts, refused ones too:
-        a client that keeps hammering through its ban is banned again as soon as it ends."""
+        a client that keeps hammering through its ban is banned again as soon as it ends.
+        `refused`: a rate limiter in front of the sandbox refused this request and passed it on, so
+        it counts towards the refusals rule (and is refused whatever the rules say)."""
         s = self.settings
-        if s.ban_rate_per_s is None and s.ban_rhythm_cv is None and not self._banned_until:
+        if s.ban_rate_per_s is None and s.ban_rhythm_cv is None and s.ban_refusals is None and not self._banned_until:
             return None
         now_s = self._clock()
         arrivals = self._arrivals.setdefault(client, deque())
@@ -277,6 +292,11 @@ class SourceBehaviour:
         # Keep what either rule reads: the window's arrivals, and at least the last gaps + 1.
         while len(arrivals) > s.ban_rhythm_gaps + 1 and arrivals[0] <= now_s - s.ban_window_s:
             arrivals.popleft()
+        refusals = self._refusals.setdefault(client, deque())
+        if refused:
+            refusals.append(now_s)
+        while refusals and refusals[0] <= now_s - s.ban_window_s:
+            refusals.popleft()
         until_s = self._banned_until.get(client)
         if until_s is not None and now_s < until_s:
             return until_s - now_s
@@ -290,8 +310,11 @@ class SourceBehaviour:
             self.lowest_rhythm_cv[client] = min(cv, self.lowest_rhythm_cv.get(client, math.inf))
             if reason is None and cv < s.ban_rhythm_cv:
                 reason = "rhythm"
+        if reason is None and s.ban_refusals is not None and len(refusals) >= s.ban_refusals:
+            reason = "refusals"
         if reason is None:
             return None
+        refusals.clear()  # the ban answers these; the next ban needs refusals of its own
         self.ban(client, reason=reason)
         return s.ban_s
 

@@ -100,6 +100,24 @@ def test_disabled_rules_never_ban(clock: FakeClock) -> None:
     assert all(admitted_at(behaviour, clock, A, [0.1 * n for n in range(50)]))
 
 
+def test_refusals_from_a_limiter_in_front_ban_the_address_at_ban_refusals_within_the_window(
+    clock: FakeClock,
+) -> None:
+    behaviour = banning(clock, ban_rate_per_s=None, ban_rhythm_cv=None, ban_refusals=3, ban_window_s=10.0)
+    assert behaviour.screen(A, refused=True) is None and behaviour.screen(A, refused=True) is None
+    clock.now += 11.0  # the first two have left the window
+    assert behaviour.screen(A, refused=True) is None and behaviour.screen(A, refused=True) is None
+    assert behaviour.screen(B, refused=True) is None  # another address's refusals are its own
+    assert behaviour.screen(A) is None  # an admitted request is no refusal
+    assert behaviour.screen(A, refused=True) == behaviour.settings.ban_s
+    assert (behaviour.bans, dict(behaviour.ban_reasons)) == ({A: 1}, {"refusals": 1})
+
+
+def test_refusals_ban_nobody_while_the_rule_is_off(clock: FakeClock) -> None:
+    behaviour = banning(clock, ban_rate_per_s=None, ban_rhythm_cv=None)
+    assert all(behaviour.screen(A, refused=True) is None for _ in range(20))
+
+
 def test_reset_forgets_bans_and_arrivals(clock: FakeClock) -> None:
     behaviour = banning(clock)
     behaviour.ban(A)
@@ -108,7 +126,8 @@ def test_reset_forgets_bans_and_arrivals(clock: FakeClock) -> None:
 
 
 @pytest.mark.parametrize("changes", [{"ban_rhythm_gaps": 1}, {"ban_s": 0}, {"ban_window_s": -1},
-                                     {"ban_rhythm_cv": "low"}, {"visitor_cookie": 1}])
+                                     {"ban_rhythm_cv": "low"}, {"visitor_cookie": 1}, {"ban_refusals": 0},
+                                     {"ban_refusals": True}])
 def test_bad_ban_settings_are_refused(clock: FakeClock, changes: dict[str, Any]) -> None:
     behaviour = banning(clock)
     with pytest.raises(ValueError):
@@ -145,6 +164,20 @@ def test_control_shows_bans_per_address_and_sets_ban_s(web: httpx.Client, clock:
     assert (state["bans"], state["banned_now"], state["clients"]) == ({"127.0.0.1": 1}, ["127.0.0.1"], {"127.0.0.1": 6})
     clock.now += 5.1
     assert web.get("/banning/profile/domain/example.com").status_code == 200
+
+
+def test_a_request_a_limiter_refused_is_answered_429_and_counted_against_the_forwarded_address(
+    web: httpx.Client,
+) -> None:
+    web.post("/_control/robust", json={"ban_refusals": 2})
+    # As nginx passes a refusal on: the client's address in X-Forwarded-For, the refusal in a header.
+    passed_on = {"X-Forwarded-For": "127.0.0.9", "X-Limiter-Refused": "1"}
+    first = web.get("/robust/api/lookup", params={"kind": "domain", "q": "example.com"}, headers=passed_on)
+    second = web.get("/robust/api/lookup", params={"kind": "domain", "q": "example.com"}, headers=passed_on)
+    mine = web.get("/robust/api/lookup", params={"kind": "domain", "q": "example.com"})
+    state = web.get("/_control").json()["sources"]["robust"]
+    assert (first.status_code, second.status_code, mine.status_code) == (429, 403, 200)
+    assert (state["bans"], state["ban_reasons"]) == ({"127.0.0.9": 1}, {"refusals": 1})
 
 
 def test_a_visitor_cookie_is_handed_out_once_and_counted_when_it_comes_back(web: httpx.Client) -> None:
