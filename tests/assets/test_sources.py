@@ -13,6 +13,8 @@ import pytest
 from dagster import (
     AssetCheckKey,
     AssetCheckSeverity,
+    AssetMaterialization,
+    AssetRecordsFilter,
     AssetSelection,
     DagsterInstance,
     Definitions,
@@ -21,9 +23,10 @@ from dagster import (
 )
 
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
-from assets.sources import build_source_asset
+from assets.sources import CHECK_GROUP_LEADS, CHECK_GROUP_S, PendingChecks, build_source_asset
 from investigations.catalog import load_catalog
 from investigations.config import Settings
+from investigations.degradation import Verdict, answer_verdict
 from investigations.leads import Lead, normalize_lead
 from investigations.pacing import Circuits
 from investigations.priority import BACKGROUND_NICENESS, HANDOVER_TAG, PriorityClass, run_tags
@@ -31,6 +34,7 @@ from investigations.records import RecordStore
 from investigations.specs import parse_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
+from tests.fakes import FakeClock
 
 
 @pytest.fixture
@@ -313,3 +317,51 @@ def test_collections_lease_their_identities_through_the_proxy_resource(world, tm
     assert result.success
     (mat,) = result.asset_materializations_for_node("sources__robust")
     assert mat.metadata["identity_ids"].value == ["dc1_a"]
+
+
+# -- check results in groups ---------------------------------------------------------------------
+
+
+def _passing() -> Verdict:
+    return answer_verdict(records=3, expected_min=1, baseline=[], fields=[], baseline_fields=[])
+
+
+def test_a_group_of_check_results_names_each_leads_latest_materialization_in_one_lookup() -> None:
+    spec = parse_sources(Path("sources.yaml").read_text()).get("robust")
+    key = source_asset_key("robust")
+    with DagsterInstance.ephemeral() as instance:
+        for partition in ("lead-a", "lead-b", "lead-a", "lead-c"):  # lead-a twice: its second is the latest
+            instance.report_runless_asset_event(AssetMaterialization(key, partition=partition))
+        latest = {p: instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[p]),
+                                                     limit=1).records[0].storage_id for p in ("lead-a", "lead-b")}
+        lookups = []
+        fetch = instance.fetch_materializations
+        instance.fetch_materializations = lambda *a, **k: lookups.append(a) or fetch(*a, **k)  # type: ignore[method-assign]
+        checks = PendingChecks(instance, spec)
+        checks.add("lead-a", _passing(), [])
+        checks.add("lead-b", _passing(), [])
+        checks.add("lead-never", _passing(), [])
+        results = {r.partition: r.target_materialization_data for r in checks.take()}
+    assert len(lookups) == 1
+    assert {p: t.storage_id for p, t in results.items() if t} == latest
+    assert results["lead-never"] is None
+    assert checks.take() == []
+
+
+def test_check_results_are_due_at_a_full_group_or_once_the_oldest_has_waited() -> None:
+    spec = parse_sources(Path("sources.yaml").read_text()).get("robust")
+    clock = FakeClock(100.0)
+    with DagsterInstance.ephemeral() as instance:
+        checks = PendingChecks(instance, spec, clock=clock)
+        assert not checks.due()
+        checks.add("lead-0", _passing(), [])
+        clock.now += CHECK_GROUP_S - 0.1
+        assert not checks.due()
+        clock.now += 0.1
+        assert checks.due()
+        checks.take()
+        for n in range(CHECK_GROUP_LEADS - 1):
+            checks.add(f"lead-{n}", _passing(), [])
+        assert not checks.due()
+        checks.add("lead-last", _passing(), [])
+        assert checks.due()
