@@ -5,6 +5,8 @@ throttling storm, additive increase probes back towards the configured rate. Lik
 (CUBIC's W_max), a lane remembers the factor it was throttled at: it climbs back quickly to just
 under that ceiling, stays there a while, then probes upward slowly, so it settles under a lowered
 limit instead of hitting it again every few seconds, and still finds a limit that was raised again.
+Which lanes a signal cuts: the identity's it was sent as, and the source's only when corroborated
+(`cuts_shared_lanes`).
 
 The rate lanes apply these rules inside one SQL statement per lane (see `lanes.py`); this module is
 the reference the tests hold that SQL to.
@@ -64,6 +66,24 @@ def on_success(state: AimdState, now: float, spec: ThrottleSpec) -> AimdState:
         return state
     # Held long enough: creep upward, in case the source raised its limit again.
     return replace(state, rate_factor=min(1.0, state.rate_factor + spec.probe_step))
+
+
+def cuts_shared_lanes(*, sent_as_identity: bool, other_identity_cut_s: float | None, now: float,
+                      spec: ThrottleSpec) -> bool:
+    """Whether a throttle signal cuts the lanes a request shares with the source's other identities
+    (the source lane), or only the lane of the identity it was sent as.
+
+    A site with a limit per address refuses the one address that sends too fast; a site-wide limit
+    refuses whoever asks next, so its refusals reach several identities. One identity refused, with
+    no other identity of the source cut within `corroborate_s`, says nothing about the site-wide
+    rate: cutting the shared lane for it would slow every identity (and, under a per-address limit,
+    take the source lane below the site's real limit, one identity's refusal after another). With
+    spare identities, one identity slowed costs the source nothing. A request sent without an
+    identity has only shared lanes: they are cut.
+    """
+    if not sent_as_identity or spec.corroborate_s <= 0:
+        return True
+    return other_identity_cut_s is not None and now - other_identity_cut_s < spec.corroborate_s
 
 
 def decrease(factor: float, spec: ThrottleSpec) -> float:

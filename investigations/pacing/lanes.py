@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, case, func, select, update
+from sqlalchemy import ColumnElement, Connection, case, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from investigations.events import Outcome
@@ -62,9 +62,26 @@ def source_lane(spec: SourceSpec) -> LaneSpec:
     return LaneSpec(f"source:{spec.name}", spec.rate.source_per_s, spec.rate.source_burst)
 
 
+IDENTITY_LANE_PREFIX = "identity:"
+
+
 def identity_lane_name(source: str, identity_id: str) -> str:
     """The name of `identity_id`'s lane at `source` (the identity pool reads lanes by it)."""
-    return f"identity:{source}:{identity_id}"
+    return f"{IDENTITY_LANE_PREFIX}{source}:{identity_id}"
+
+
+def is_identity_lane(name: str) -> bool:
+    """Whether the lane is one identity's at a source (not a lane every request to the source shares)."""
+    return name.startswith(IDENTITY_LANE_PREFIX)
+
+
+def _other_identity_cut_s(conn: Connection, identity: Sequence[LaneSpec]) -> float | None:
+    """When another identity of the same source (not one of `identity`) was last cut; None: never."""
+    prefixes = sorted({lane.name.rsplit(":", 1)[0] + ":" for lane in identity})
+    same_source = or_(*(func.substr(_T.c.lane, 1, len(prefix)) == prefix for prefix in prefixes))
+    latest = conn.execute(select(func.max(_T.c.last_cut_s)).where(
+        same_source, _T.c.lane.not_in([lane.name for lane in identity]))).scalar()
+    return None if latest is None or latest == aimd.NEVER_CUT_S else float(latest)
 
 
 def identity_lane(spec: SourceSpec, identity_id: str) -> LaneSpec:
@@ -226,9 +243,11 @@ class RateLanes:
         """Tell the lanes how a request went: throttle signals cut the rate, successes restore it.
 
         One atomic statement per lane, the SQL twin of `aimd.on_throttle` / `aimd.on_success` (the
-        right-hand sides of an UPDATE read the row as it was, as the reference does). A Retry-After
-        is a hard floor: nothing leaves the lane before now + retry_after_s, whatever burst is left,
-        even when the signal falls in the hold after a cut.
+        right-hand sides of an UPDATE read the row as it was, as the reference does). A throttle of
+        a request sent as an identity cuts that identity's lane, and the source's shared lanes only
+        when another identity of the source was cut within `corroborate_s` (`aimd.cuts_shared_lanes`).
+        A Retry-After is a hard floor on every lane: nothing leaves it before now + retry_after_s,
+        whatever burst is left, even when the signal falls in the hold after a cut.
         """
         now = self._clock()
         throttled = aimd.is_throttle_signal(outcome, timed_out=timed_out)
@@ -236,11 +255,13 @@ class RateLanes:
         floor = now + retry_after_s if retry_after_s is not None and retry_after_s > 0 else None
         if not (throttled or succeeded or floor is not None):
             return  # nothing to learn from it: leave the row alone rather than write a no-op
+        identity = [lane for lane in lanes if is_identity_lane(lane.name)]
         with self._store.engine.begin() as conn:
             greatest, least = _max_min(conn)
             changes: dict[str, Any] = {"updated_at_s": now}
             first = aimd.AimdState()  # a lane's first row, when the feedback comes before any reservation
             factor, ceiling, last_cut = _T.c.rate_factor, _T.c.ceiling_factor, _T.c.last_cut_s
+            cuts_shared = True
             if throttled:  # the SQL twin of aimd.on_throttle
                 held = now - last_cut < throttle.cut_hold_s
                 cut = greatest(throttle.min_factor, factor * throttle.decrease_factor)
@@ -248,6 +269,10 @@ class RateLanes:
                 changes["ceiling_factor"] = case((held, ceiling), else_=factor)
                 changes["last_cut_s"] = case((held, last_cut), else_=now)
                 first = aimd.on_throttle(first, now, throttle)
+                if identity and throttle.corroborate_s > 0:
+                    cuts_shared = aimd.cuts_shared_lanes(
+                        sent_as_identity=True, other_identity_cut_s=_other_identity_cut_s(conn, identity), now=now,
+                        spec=throttle)
             elif succeeded:  # the SQL twin of aimd.on_success
                 goal = ceiling * (1.0 - throttle.ceiling_margin)
                 changes["rate_factor"] = case(
@@ -258,11 +283,18 @@ class RateLanes:
                 first = aimd.on_success(first, now, throttle)
             if floor is not None:
                 changes["not_before_s"] = greatest(_T.c.not_before_s, floor)
+            # A shared lane the throttle does not cut keeps its rate; it still takes a Retry-After floor.
+            spared = {"updated_at_s": now, **({"not_before_s": changes["not_before_s"]} if floor is not None else {})}
             # Sorted like reserve(), so two transactions never lock the same lanes in opposite orders.
             for lane in _unique_sorted(lanes):
+                cut_here = cuts_shared or is_identity_lane(lane.name)
+                if not cut_here and floor is None:
+                    continue
+                start = first if cut_here else aimd.AimdState()
                 row = {"lane": lane.name, "tat_s": now, "not_before_s": floor or 0.0, "updated_at_s": now,
-                       **_aimd_columns(first)}
-                stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=changes)
+                       **_aimd_columns(start)}
+                stmt = _insert(conn).values(row).on_conflict_do_update(
+                    index_elements=["lane"], set_=changes if cut_here else spared)
                 conn.execute(stmt)
 
     def state(self, name: str) -> LaneState | None:

@@ -121,3 +121,20 @@ def test_the_factor_never_leaves_min_factor_to_one_whatever_the_sequence() -> No
 )
 def test_is_throttle_signal(outcome: Outcome, timed_out: bool, expected: bool) -> None:
     assert aimd.is_throttle_signal(outcome, timed_out=timed_out) is expected
+
+
+@pytest.mark.parametrize(
+    ("sent_as_identity", "other_cut_ago_s", "expected"),
+    [
+        (False, None, True),  # no identity: the shared lanes are the only ones it travelled
+        (True, None, False),  # no other identity ever cut: a limit on this address
+        (True, 3.0, True),  # another identity cut 3 s ago: the site refuses everyone
+        (True, 10.0, False),  # at corroborate_s, too long ago
+    ],
+)
+def test_cuts_shared_lanes(sent_as_identity: bool, other_cut_ago_s: float | None, expected: bool) -> None:
+    spec = ThrottleSpec(corroborate_s=10.0)
+    now = 1_000.0
+    other = None if other_cut_ago_s is None else now - other_cut_ago_s
+    assert aimd.cuts_shared_lanes(sent_as_identity=sent_as_identity, other_identity_cut_s=other, now=now,
+                                  spec=spec) is expected

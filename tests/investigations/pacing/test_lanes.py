@@ -259,15 +259,17 @@ def test_repeated_throttling_never_takes_the_rate_below_min_factor(lanes: RateLa
 
 
 def test_the_lane_statement_agrees_with_the_reference_rules_step_by_step(lanes: RateLanes, clock: FakeClock) -> None:
-    # Two lanes per feedback, as a request on a source and an identity lane gives it.
+    # Two lanes per feedback, as a request on a source and an identity lane gives it; every throttle
+    # cuts both (corroborate_s 0), so both follow the reference.
     other = LaneSpec("identity:ten:a", rate_per_s=2.0, burst=1)
+    both = THROTTLE.model_copy(update={"corroborate_s": 0.0})
     rng, expected = random.Random(3), aimd.AimdState()
     for _ in range(300):
         clock.now += rng.expovariate(1.0) * rng.choice([0.2, 2.0, 40.0])
         throttled = rng.random() < 0.25
         lanes.feedback([TEN, other], outcome=Outcome.THROTTLED if throttled else Outcome.OK, retry_after_s=None,
-                       throttle=THROTTLE)
-        expected = (aimd.on_throttle if throttled else aimd.on_success)(expected, clock.now, THROTTLE)
+                       throttle=both)
+        expected = (aimd.on_throttle if throttled else aimd.on_success)(expected, clock.now, both)
         for name in (TEN.name, other.name):
             state = lanes.state(name)
             assert state is not None
@@ -438,3 +440,63 @@ def test_a_send_delay_is_drawn_at_the_fastest_lane_s_scale_whichever_lane_held_t
     own, shared = LaneSpec("identity:s:a", 2.0, 1), LaneSpec("source:s", 10.0, 1)
     assert delay_scale_s([_slot(own, T0 + 0.3), _slot(shared, T0 + 0.1)]) == pytest.approx(0.1)
     assert delay_scale_s([_slot(own, T0), _slot(shared, T0)]) == pytest.approx(0.1)
+
+
+# -- which lanes a throttle cuts ----------------------------------------------------------------
+
+SITE = LaneSpec("source:site", rate_per_s=8.0, burst=2)
+ALICE = LaneSpec("identity:site:alice", rate_per_s=3.0, burst=2, guard_rhythm=True)
+BOB = LaneSpec("identity:site:bob", rate_per_s=3.0, burst=2, guard_rhythm=True)
+ELSEWHERE = LaneSpec("identity:other:carol", rate_per_s=3.0, burst=2, guard_rhythm=True)
+
+
+def factors(lanes: RateLanes, *lane_list: LaneSpec) -> list[float | None]:
+    return [state.rate_factor if (state := lanes.state(lane.name)) else None for lane in lane_list]
+
+
+def throttle_as(lanes: RateLanes, identity: LaneSpec, *, retry_after_s: float | None = None) -> None:
+    lanes.feedback([SITE, identity], outcome=Outcome.THROTTLED, retry_after_s=retry_after_s, throttle=THROTTLE)
+
+
+def test_one_identity_throttled_cuts_its_own_lane_and_leaves_the_source_lane_alone(lanes: RateLanes) -> None:
+    waits(lanes, [SITE, ALICE], 1)
+    throttle_as(lanes, ALICE)
+    assert factors(lanes, SITE, ALICE) == pytest.approx([1.0, 0.5])
+
+
+def test_a_second_identity_throttled_within_corroborate_s_cuts_the_source_lane_too(
+    lanes: RateLanes, clock: FakeClock
+) -> None:
+    throttle_as(lanes, ALICE)
+    clock.now += THROTTLE.corroborate_s - 1.0
+    throttle_as(lanes, BOB)
+    assert factors(lanes, SITE, ALICE, BOB) == pytest.approx([0.5, 0.5, 0.5])
+
+
+def test_identities_throttled_further_apart_than_corroborate_s_never_cut_the_source_lane(
+    lanes: RateLanes, clock: FakeClock
+) -> None:
+    throttle_as(lanes, ALICE)
+    clock.now += THROTTLE.corroborate_s
+    throttle_as(lanes, BOB)
+    clock.now += THROTTLE.corroborate_s
+    throttle_as(lanes, ALICE)  # the same identity again: a limit on that address, not on the site
+    assert factors(lanes, SITE, ALICE, BOB) == pytest.approx([None, 0.25, 0.5])
+
+
+def test_an_identity_of_another_source_throttled_does_not_corroborate(lanes: RateLanes) -> None:
+    lanes.feedback([ELSEWHERE], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=THROTTLE)
+    throttle_as(lanes, ALICE)
+    assert factors(lanes, SITE) == [None]
+
+
+def test_a_retry_after_floors_the_source_lane_even_when_the_throttle_does_not_cut_it(lanes: RateLanes) -> None:
+    throttle_as(lanes, ALICE, retry_after_s=30.0)
+    assert factors(lanes, SITE) == pytest.approx([1.0])
+    assert lanes.reserve([SITE], max_wait_s=60.0).wait_s == pytest.approx(30.0)
+
+
+def test_with_corroborate_s_zero_every_throttle_cuts_the_source_lane(lanes: RateLanes) -> None:
+    always = THROTTLE.model_copy(update={"corroborate_s": 0.0})
+    lanes.feedback([SITE, ALICE], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=always)
+    assert factors(lanes, SITE, ALICE) == pytest.approx([0.5, 0.5])
