@@ -245,7 +245,8 @@ class RateLanes:
         One atomic statement per lane, the SQL twin of `aimd.on_throttle` / `aimd.on_success` (the
         right-hand sides of an UPDATE read the row as it was, as the reference does). A throttle of
         a request sent as an identity cuts that identity's lane, and the source's shared lanes only
-        when another identity of the source was cut within `corroborate_s` (`aimd.cuts_shared_lanes`).
+        when another identity of the source was cut within `corroborate_s` or the answer carried a
+        Retry-After (`aimd.cuts_shared_lanes`).
         A Retry-After is a hard floor on every lane: nothing leaves it before now + retry_after_s,
         whatever burst is left, even when the signal falls in the hold after a cut.
         """
@@ -269,7 +270,7 @@ class RateLanes:
                 changes["ceiling_factor"] = case((held, ceiling), else_=factor)
                 changes["last_cut_s"] = case((held, last_cut), else_=now)
                 first = aimd.on_throttle(first, now, throttle)
-                if identity and throttle.corroborate_s > 0:
+                if identity and throttle.corroborate_s > 0 and floor is None:
                     cuts_shared = aimd.cuts_shared_lanes(
                         sent_as_identity=True, other_identity_cut_s=_other_identity_cut_s(conn, identity), now=now,
                         spec=throttle)

@@ -5,6 +5,8 @@ with nothing in it; slow answers late; banning bans a client address that asks t
 regularly (403 and a captcha block page for `ban_s`). Tests and benches point the fleet at it on
 loopback, so they exercise the hostile web without touching the real one. GET/POST /_control
 inspect and steer it; it also shows the client addresses each source saw and the bans per address.
+Every source has every knob: behind a rate limiter that passes its refusals on
+(LIMITER_REFUSED_HEADER), any source can ban an address the limiter keeps refusing (`ban_refusals`).
 """
 
 from __future__ import annotations

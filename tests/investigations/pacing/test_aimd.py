@@ -138,3 +138,6 @@ def test_cuts_shared_lanes(sent_as_identity: bool, other_cut_ago_s: float | None
     other = None if other_cut_ago_s is None else now - other_cut_ago_s
     assert aimd.cuts_shared_lanes(sent_as_identity=sent_as_identity, other_identity_cut_s=other, now=now,
                                   spec=spec) is expected
+    # The site said when to come back: every lane obeys, corroborated or not.
+    assert aimd.cuts_shared_lanes(sent_as_identity=sent_as_identity, other_identity_cut_s=other, now=now,
+                                  spec=spec, retry_after=True) is True

@@ -490,9 +490,9 @@ def test_an_identity_of_another_source_throttled_does_not_corroborate(lanes: Rat
     assert factors(lanes, SITE) == [None]
 
 
-def test_a_retry_after_floors_the_source_lane_even_when_the_throttle_does_not_cut_it(lanes: RateLanes) -> None:
+def test_a_throttle_with_a_retry_after_cuts_and_floors_the_source_lane_for_one_identity(lanes: RateLanes) -> None:
     throttle_as(lanes, ALICE, retry_after_s=30.0)
-    assert factors(lanes, SITE) == pytest.approx([1.0])
+    assert factors(lanes, SITE, ALICE) == pytest.approx([0.5, 0.5])
     assert lanes.reserve([SITE], max_wait_s=60.0).wait_s == pytest.approx(30.0)
 
 
