@@ -260,8 +260,9 @@ class Fetcher:
             if result.wait_s is not None:
                 retry_after_s = max(retry_after_s or 0.0, result.wait_s)
             if self._lanes is not None:
+                # Sent through a proxy of the pool: a throttle may be that one address's (see feedback).
                 self._lanes.feedback(lanes, outcome=result.outcome, timed_out=result.timed_out,
-                                     retry_after_s=retry_after_s, throttle=spec.throttle)
+                                     retry_after_s=retry_after_s, throttle=spec.throttle, pooled_identity=proxied)
             self._report(spec, session, result, sent)
             if result.slow_down:
                 # Being told to slow down is not the collection failing: wait (Retry-After is a floor,

@@ -239,12 +239,15 @@ class RateLanes:
         timed_out: bool = False,
         retry_after_s: float | None,
         throttle: ThrottleSpec,
+        pooled_identity: bool = False,
     ) -> None:
         """Tell the lanes how a request went: throttle signals cut the rate, successes restore it.
 
         One atomic statement per lane, the SQL twin of `aimd.on_throttle` / `aimd.on_success` (the
         right-hand sides of an UPDATE read the row as it was, as the reference does). A throttle of
-        a request sent as an identity cuts that identity's lane, and the source's shared lanes only
+        a request sent as one of the pool's identities (`pooled_identity`: through its proxy, one
+        address among several; not the fleet's own direct address, the only one it has without a
+        pool) cuts that identity's lane, and the source's shared lanes only
         when another identity of the source was cut within `corroborate_s` or the answer carried a
         Retry-After (`aimd.cuts_shared_lanes`).
         A Retry-After is a hard floor on every lane: nothing leaves it before now + retry_after_s,
@@ -256,7 +259,7 @@ class RateLanes:
         floor = now + retry_after_s if retry_after_s is not None and retry_after_s > 0 else None
         if not (throttled or succeeded or floor is not None):
             return  # nothing to learn from it: leave the row alone rather than write a no-op
-        identity = [lane for lane in lanes if is_identity_lane(lane.name)]
+        identity = [lane for lane in lanes if is_identity_lane(lane.name)] if pooled_identity else []
         with self._store.engine.begin() as conn:
             greatest, least = _max_min(conn)
             changes: dict[str, Any] = {"updated_at_s": now}
@@ -288,7 +291,7 @@ class RateLanes:
             spared = {"updated_at_s": now, **({"not_before_s": changes["not_before_s"]} if floor is not None else {})}
             # Sorted like reserve(), so two transactions never lock the same lanes in opposite orders.
             for lane in _unique_sorted(lanes):
-                cut_here = cuts_shared or is_identity_lane(lane.name)
+                cut_here = cuts_shared or lane in identity
                 if not cut_here and floor is None:
                     continue
                 start = first if cut_here else aimd.AimdState()

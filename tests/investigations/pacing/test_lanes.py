@@ -455,7 +455,8 @@ def factors(lanes: RateLanes, *lane_list: LaneSpec) -> list[float | None]:
 
 
 def throttle_as(lanes: RateLanes, identity: LaneSpec, *, retry_after_s: float | None = None) -> None:
-    lanes.feedback([SITE, identity], outcome=Outcome.THROTTLED, retry_after_s=retry_after_s, throttle=THROTTLE)
+    lanes.feedback([SITE, identity], outcome=Outcome.THROTTLED, retry_after_s=retry_after_s, throttle=THROTTLE,
+                   pooled_identity=True)
 
 
 def test_one_identity_throttled_cuts_its_own_lane_and_leaves_the_source_lane_alone(lanes: RateLanes) -> None:
@@ -485,7 +486,8 @@ def test_identities_throttled_further_apart_than_corroborate_s_never_cut_the_sou
 
 
 def test_an_identity_of_another_source_throttled_does_not_corroborate(lanes: RateLanes) -> None:
-    lanes.feedback([ELSEWHERE], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=THROTTLE)
+    lanes.feedback([ELSEWHERE], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=THROTTLE,
+                   pooled_identity=True)
     throttle_as(lanes, ALICE)
     assert factors(lanes, SITE) == [None]
 
@@ -498,5 +500,13 @@ def test_a_throttle_with_a_retry_after_cuts_and_floors_the_source_lane_for_one_i
 
 def test_with_corroborate_s_zero_every_throttle_cuts_the_source_lane(lanes: RateLanes) -> None:
     always = THROTTLE.model_copy(update={"corroborate_s": 0.0})
-    lanes.feedback([SITE, ALICE], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=always)
+    lanes.feedback([SITE, ALICE], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=always,
+                   pooled_identity=True)
     assert factors(lanes, SITE, ALICE) == pytest.approx([0.5, 0.5])
+
+
+def test_a_throttle_of_the_fleets_own_direct_address_cuts_the_source_lane(lanes: RateLanes) -> None:
+    """Without a pool every request leaves from one address: its refusal is the site's answer."""
+    direct = LaneSpec("identity:site:direct", rate_per_s=3.0, burst=2, guard_rhythm=True)
+    lanes.feedback([SITE, direct], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=THROTTLE)
+    assert factors(lanes, SITE, direct) == pytest.approx([0.5, 0.5])
