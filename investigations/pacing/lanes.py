@@ -247,11 +247,11 @@ class RateLanes:
         right-hand sides of an UPDATE read the row as it was, as the reference does). A throttle of
         a request sent as one of the pool's identities (`pooled_identity`: through its proxy, one
         address among several; not the fleet's own direct address, the only one it has without a
-        pool) cuts that identity's lane, and the source's shared lanes only
-        when another identity of the source was cut within `corroborate_s` or the answer carried a
-        Retry-After (`aimd.cuts_shared_lanes`).
-        A Retry-After is a hard floor on every lane: nothing leaves it before now + retry_after_s,
-        whatever burst is left, even when the signal falls in the hold after a cut.
+        pool) cuts that identity's lane, and the source's shared lanes only when another identity of
+        the source was cut within `corroborate_s` or the answer carried a Retry-After
+        (`aimd.cuts_shared_lanes`). A Retry-After is a hard floor on every lane: nothing leaves it
+        before now + retry_after_s, whatever burst is left, even when the signal falls in the hold
+        after a cut.
         """
         now = self._clock()
         throttled = aimd.is_throttle_signal(outcome, timed_out=timed_out)
@@ -287,18 +287,13 @@ class RateLanes:
                 first = aimd.on_success(first, now, throttle)
             if floor is not None:
                 changes["not_before_s"] = greatest(_T.c.not_before_s, floor)
-            # A shared lane the throttle does not cut keeps its rate; it still takes a Retry-After floor.
-            spared = {"updated_at_s": now, **({"not_before_s": changes["not_before_s"]} if floor is not None else {})}
             # Sorted like reserve(), so two transactions never lock the same lanes in opposite orders.
             for lane in _unique_sorted(lanes):
-                cut_here = cuts_shared or lane in identity
-                if not cut_here and floor is None:
-                    continue
-                start = first if cut_here else aimd.AimdState()
+                if not (cuts_shared or lane in identity):
+                    continue  # a shared lane this throttle does not cut (there is no Retry-After floor to set)
                 row = {"lane": lane.name, "tat_s": now, "not_before_s": floor or 0.0, "updated_at_s": now,
-                       **_aimd_columns(start)}
-                stmt = _insert(conn).values(row).on_conflict_do_update(
-                    index_elements=["lane"], set_=changes if cut_here else spared)
+                       **_aimd_columns(first)}
+                stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=changes)
                 conn.execute(stmt)
 
     def state(self, name: str) -> LaneState | None:
