@@ -1,20 +1,30 @@
 """A run worker keeps its Dagster storage connections open for the run, instead of one per write.
 
-Dagster's Postgres storages open a new database connection for every statement group (a
-`NullPool`), so that the many short-lived instances of the code server hold nothing between ticks.
-A run worker is the opposite case: one process, one instance, one run, writing a materialization and
-a check result for every lead of its batch. Each of those events opened two to four fresh Postgres
-connections (TCP, authentication, a new server backend) and closed them again. Measured on a
-300-lead batch run in one process (state and Dagster's storage on Postgres): per lead, 15.6 ms of the
-main thread's CPU and 48 ms of the server's with a connection per write; 8.8 ms and 7 ms with the
-connections held, in half the wall time.
+Dagster's storages open a new database connection for every statement group (a `NullPool`), so
+that the many short-lived instances of the code server hold nothing between ticks. A run worker is
+the opposite case: one process, one instance, one run, writing a materialization and a check result
+for every lead of its batch, each event two or three transactions (the run's own event log and the
+index the UI reads).
 
-Dagster has the switch for this: `DagsterInstance.optimize_for_webserver`, which its webserver calls
-for its own long-lived instance, gives each Postgres storage a small pool that keeps one connection
-open (`pool_size` 1, up to `MAX_OVERFLOW` more under load, recycled after `POOL_RECYCLE_S`). A run
-worker calls it once, for the instance of its run, when the fleet resource is set up. The statement
-timeout stays off (0), as it is with a connection per write: a run's writes are not a webserver's
-interactive reads. On SQLite the call does nothing (Dagster's SQLite storages have no pool to keep).
+Postgres. Each event opened two to four fresh connections (TCP, authentication, a new server
+backend). Measured on a 300-lead batch run in one process (state and Dagster's storage on Postgres):
+per lead, 15.6 ms of the main thread's CPU and 48 ms of the server's with a connection per write;
+8.8 ms and 7 ms with the connections held, in half the wall time. Dagster has the switch for this:
+`DagsterInstance.optimize_for_webserver`, which its webserver calls for its own long-lived instance,
+gives each Postgres storage a small pool that keeps one connection open (`pool_size` 1, up to
+`MAX_OVERFLOW` more under load, recycled after `POOL_RECYCLE_S`). The statement timeout stays off
+(0), as it is with a connection per write: a run's writes are not a webserver's interactive reads.
+
+SQLite. Dagster's run-sharded event log (one file per run, and an index file) has no such switch:
+every write builds a new SQLAlchemy engine for its file, opens it, and drops both, and every event
+of a check asks SQLite whether the check tables exist, through another new engine. A run worker's
+event log instead keeps one engine per file it writes (`HeldShards`: the run's own and the index,
+at most `MAX_HELD_SHARDS`, the least recently used dropped) with one connection open, and
+remembers a table once it exists. Everything else is Dagster's: the same lock around each
+transaction, the same first-use initialisation of a file, the same transactions and busy timeout. An
+idle SQLite connection holds no lock (the files are in WAL mode), so other processes are not held
+up. Measured on the same 300-lead batch in one process, on SQLite: per lead, the main thread's CPU
+26-32 -> 12 ms, the process's 40-50 -> 28 ms; the run's wall time 12-15 -> 8 s.
 
 Only a run's instance is switched, once: a sensor's tick builds resources on an instance of its own
 that lives for one tick, and a pool there would hold a connection per tick until it is collected.
@@ -26,12 +36,23 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from dagster import DagsterInstance
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
+    SQLITE_BUSY_TIMEOUT_SECONDS,
+    SqliteEventLogStorage,
+)
+from sqlalchemy import Connection, Engine, create_engine
 
 STATEMENT_TIMEOUT_MS = 0  # no statement timeout, as with Dagster's connection per write
 POOL_RECYCLE_S = 3600
 MAX_OVERFLOW = 4
+# SQLite files a run worker's event log keeps open: the index and the run's own, with room to spare
+# (a run reads another run's file only now and then: an evicted one is opened again when needed).
+MAX_HELD_SHARDS = 4
 
 _lock = threading.Lock()
 _held: weakref.WeakSet[DagsterInstance] = weakref.WeakSet()
@@ -47,4 +68,77 @@ def hold_connections_for_the_run(instance: DagsterInstance | None) -> bool:
         _held.add(instance)
     instance.optimize_for_webserver(statement_timeout=STATEMENT_TIMEOUT_MS, pool_recycle=POOL_RECYCLE_S,
                                     max_overflow=MAX_OVERFLOW)
+    storage = instance.event_log_storage
+    # The exact class: a subclass (or the consolidated SQLite log) connects in its own way.
+    if type(storage) is SqliteEventLogStorage:
+        HeldShards(storage).install()
     return True
+
+
+class HeldShards:
+    """The engines of a run-sharded SQLite event log, one per file, kept open for the run.
+
+    `connect(shard)` stands in for the storage's own `_connect`: it takes the storage's lock, opens
+    the file's engine the first time (initialising the file as Dagster does), and yields a
+    connection inside a transaction, which commits on the way out.
+    """
+
+    def __init__(self, storage: SqliteEventLogStorage, *, max_shards: int = MAX_HELD_SHARDS) -> None:
+        self._storage = storage
+        self._max_shards = max_shards
+        self._engines: OrderedDict[str, Engine] = OrderedDict()
+        self._tables: set[str] = set()
+        self._has_table = storage.has_table
+        self._dispose = storage.dispose
+
+    def install(self) -> None:
+        """Put the held connections in place of the storage's connection per write."""
+        storage = self._storage
+        storage._connect = self.connect  # type: ignore[method-assign]
+        storage.has_table = self.has_table  # type: ignore[method-assign]
+        storage.dispose = self.dispose  # type: ignore[method-assign]
+
+    @property
+    def shards(self) -> list[str]:
+        """The files held open, least recently used first."""
+        return list(self._engines)
+
+    @contextmanager
+    def connect(self, shard: str) -> Iterator[Connection]:
+        storage = self._storage
+        with storage._db_lock:
+            engine = self._engines.get(shard)
+            if engine is None:
+                engine = self._open(shard)
+            else:
+                self._engines.move_to_end(shard)
+            with engine.connect() as conn, conn.begin():
+                yield conn
+
+    def has_table(self, table_name: str) -> bool:
+        """Whether the index has the table; once it has, it keeps it (asked once per check event)."""
+        if table_name in self._tables:
+            return True
+        found = self._has_table(table_name)
+        if found:
+            self._tables.add(table_name)
+        return found
+
+    def dispose(self) -> None:
+        """Close the held files, then whatever the storage itself closes."""
+        with self._storage._db_lock:
+            while self._engines:
+                self._engines.popitem(last=False)[1].dispose()
+        self._dispose()
+
+    def _open(self, shard: str) -> Engine:
+        storage = self._storage
+        engine = create_engine(storage.conn_string_for_shard(shard), pool_size=1, max_overflow=MAX_OVERFLOW,
+                               connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False})
+        if shard not in storage._initialized_dbs:
+            storage._initdb(engine)
+            storage._initialized_dbs.add(shard)
+        self._engines[shard] = engine
+        while len(self._engines) > self._max_shards:
+            self._engines.popitem(last=False)[1].dispose()
+        return engine

@@ -1,22 +1,30 @@
-"""A run worker keeps its Dagster storage connections open for the run; a sensor's resources do not."""
+"""A run worker keeps its Dagster storage connections open for the run; a sensor's resources do not.
+
+Postgres: Dagster's own pool switch. SQLite: the run-sharded event log keeps one engine per file."""
 
 from __future__ import annotations
 
+import sqlite3.dbapi2
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from dagster import AssetMaterialization, DagsterInstance, asset, build_resources, materialize
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    DagsterInstance,
+    asset,
+    build_resources,
+    materialize,
+)
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from resources.fleet import FleetResource
-from resources.storage_connections import hold_connections_for_the_run
+from resources.storage_connections import HeldShards, hold_connections_for_the_run
 from tests.conftest import POSTGRES_URL, require_postgres
-
-pytestmark = pytest.mark.postgres
 
 
 def _admin(sql: str, **params: object) -> list[tuple]:
@@ -55,6 +63,7 @@ def uses_the_fleet(fleet: FleetResource) -> None:
     fleet.settings()
 
 
+@pytest.mark.postgres
 def test_a_run_leaves_its_storage_connection_open_between_writes(pg_instance, sandbox_env) -> None:
     instance, db = pg_instance
     assert _backends(db) == 0  # Dagster's default: a connection per write, none held between them
@@ -65,6 +74,7 @@ def test_a_run_leaves_its_storage_connection_open_between_writes(pg_instance, sa
     assert _backends(db) == held  # the next write went over a held connection, not a new one
 
 
+@pytest.mark.postgres
 def test_resources_built_outside_a_run_leave_the_instance_as_it_was(pg_instance, sandbox_env) -> None:
     instance, db = pg_instance
     with build_resources({"fleet": FleetResource()}, instance=instance) as resources:
@@ -73,6 +83,7 @@ def test_resources_built_outside_a_run_leave_the_instance_as_it_was(pg_instance,
     assert _backends(db) == 0
 
 
+@pytest.mark.postgres
 def test_switching_an_instance_twice_does_it_once(pg_instance) -> None:
     instance, _ = pg_instance
     assert hold_connections_for_the_run(instance) is True
@@ -80,6 +91,7 @@ def test_switching_an_instance_twice_does_it_once(pg_instance) -> None:
     assert hold_connections_for_the_run(None) is False
 
 
+@pytest.mark.postgres
 def test_after_the_server_drops_the_held_connection_at_most_one_write_fails(pg_instance, sandbox_env) -> None:
     instance, db = pg_instance
     assert materialize([uses_the_fleet], instance=instance, resources={"fleet": FleetResource()}).success
@@ -93,3 +105,83 @@ def test_after_the_server_drops_the_held_connection_at_most_one_write_fails(pg_i
             failures += 1
     assert failures <= 1
     assert instance.get_latest_materialization_event(AssetMaterialization("after_restart_2").asset_key) is not None
+
+
+# -- SQLite: Dagster's run-sharded event log ------------------------------------------------------
+
+EVENTS = 60
+
+
+@pytest.fixture
+def sqlite_instance(tmp_path: Path) -> Iterator[DagsterInstance]:
+    """A Dagster instance on its default storage: SQLite files under its home, one per run."""
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    instance = DagsterInstance.from_config(str(tmp_path))
+    try:
+        yield instance
+    finally:
+        instance.dispose()
+
+
+@pytest.fixture
+def connections_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every SQLite connection opened to a file of the instance's event log (its runs' files and
+    the index), as it is opened. The run storage's few per run are not counted."""
+    opened: list[str] = []
+    connect = sqlite3.dbapi2.connect  # what SQLAlchemy's pysqlite dialect calls
+    event_log = tmp_path / "history" / "runs"
+
+    def counting(database, *args, **kwargs):
+        if Path(database).parent == event_log:
+            opened.append(str(database))
+        return connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite3.dbapi2, "connect", counting)
+    return opened
+
+
+@asset
+def notes_events(context, fleet: FleetResource) -> None:
+    """Logs EVENTS materializations of another asset, as a batch run logs one per lead."""
+    fleet.settings()
+    for n in range(EVENTS):
+        context.log_event(AssetMaterialization("noted", partition=None, metadata={"n": n}))
+
+
+def test_a_sqlite_run_writes_its_events_over_held_connections(sqlite_instance, connections_opened, sandbox_env) -> None:
+    assert materialize([notes_events], instance=sqlite_instance, resources={"fleet": FleetResource()}).success
+    # Dagster's default opens two or three per event (the run's file, the index); held, a handful in all.
+    assert 0 < len(connections_opened) < EVENTS // 2
+
+
+def test_a_sqlite_run_s_events_are_committed_for_every_other_reader(sqlite_instance, tmp_path, sandbox_env) -> None:
+    assert materialize([notes_events], instance=sqlite_instance, resources={"fleet": FleetResource()}).success
+    reader = DagsterInstance.from_config(str(tmp_path))
+    try:
+        records = reader.fetch_materializations(AssetKey("noted"), limit=EVENTS + 1).records
+        assert sorted(record.asset_materialization.metadata["n"].value for record in records) == list(range(EVENTS))
+    finally:
+        reader.dispose()
+
+
+def test_sqlite_resources_built_outside_a_run_keep_a_connection_per_write(
+    sqlite_instance, connections_opened, sandbox_env
+) -> None:
+    with build_resources({"fleet": FleetResource()}, instance=sqlite_instance) as resources:
+        resources.fleet.settings()
+    before = len(connections_opened)
+    for n in range(3):
+        sqlite_instance.report_runless_asset_event(AssetMaterialization("from_a_sensor", metadata={"n": n}))
+    assert len(connections_opened) - before >= 3
+
+
+def test_held_sqlite_files_are_bounded_and_closed_with_the_instance(sqlite_instance) -> None:
+    storage = sqlite_instance.event_log_storage
+    held = HeldShards(storage, max_shards=2)
+    held.install()
+    for shard in ["run-a", "run-b", "run-c", "run-b"]:
+        with storage.run_connection(shard) as conn:
+            conn.execute(text("SELECT 1"))
+    assert held.shards == ["run-c", "run-b"]  # run-a, the least recently used, was closed
+    sqlite_instance.dispose()
+    assert held.shards == []
