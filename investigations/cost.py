@@ -79,12 +79,14 @@ def spend_by_source(usage: Iterable[Usage], catalog: SourceCatalog,
 def collection_cost_usd(store: StateStore, spec: SourceSpec, *, lead_id: str, run_id: str,
                         prices: Mapping[str, IdentityPrice]) -> float:
     """What one run's collection of one lead cost: its requests in the fetch log, priced as
-    `usage_cost_usd` prices them (one query on the log's lead index)."""
+    `usage_cost_usd` prices them (one query on the log's lead index). Asked for every lead of a
+    batch as it is stored, by the run's main thread: a read that takes no write lock on SQLite, so
+    it never waits behind the batch's own collections writing."""
     fl = s.fetch_log
     query = (select(fl.c.identity_id, func.count(), func.coalesce(func.sum(fl.c.bytes), 0))
              .where(fl.c.lead_id == lead_id, fl.c.source == spec.name, fl.c.run_id == run_id)
              .group_by(fl.c.identity_id))
-    with store.engine.begin() as conn:
+    with store.reading() as conn:
         rows = conn.execute(query).all()
     return sum(usage_cost_usd(Usage(spec.name, identity, int(count), int(size)),
                               source_cost_per_request_usd=spec.cost_per_request_usd,
