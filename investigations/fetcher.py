@@ -259,11 +259,13 @@ class Fetcher:
             retry_after_s = parse_retry_after_s(result.headers.get("retry-after"), now=self._now())
             if result.wait_s is not None:
                 retry_after_s = max(retry_after_s or 0.0, result.wait_s)
+            repeat = False
             if self._lanes is not None:
                 # Sent through a proxy of the pool: a throttle may be that one address's (see feedback).
-                self._lanes.feedback(lanes, outcome=result.outcome, timed_out=result.timed_out,
-                                     retry_after_s=retry_after_s, throttle=spec.throttle, pooled_identity=proxied)
-            self._report(spec, session, result, sent)
+                repeat = self._lanes.feedback(lanes, outcome=result.outcome, timed_out=result.timed_out,
+                                              retry_after_s=retry_after_s, throttle=spec.throttle,
+                                              pooled_identity=proxied)
+            self._report(spec, session, result, sent, repeat=repeat)
             if result.slow_down:
                 # Being told to slow down is not the collection failing: wait (Retry-After is a floor,
                 # the lane already slowed) without spending an attempt, until it lasts too long.
@@ -289,13 +291,24 @@ class Fetcher:
                 raise FetchFailed(result.outcome.value, result.status, sent, f"{error} ({step.reason})")
             self._sleep(step.delay_s)
 
-    def _report(self, spec: SourceSpec, session: IdentitySession, result: _Attempt, sent: int) -> None:
+    def _report(self, spec: SourceSpec, session: IdentitySession, result: _Attempt, sent: int, *,
+                repeat: bool = False) -> None:
         """Tell the session what the answer says about its identity (it raises IdentityBlocked when
-        the identity may not go on)."""
+        the identity may not go on).
+
+        A throttle that `repeat`s one its identity's lane was just cut for (in the lane's hold, see
+        `RateLanes.feedback`) is not held against the identity again: it answers a request that left
+        before the cut took hold. Counted once per refusal, the opening burst of a source configured
+        too fast (several refusals of one address within a second or two, before the cut slowed it)
+        sent an identity to rest for five minutes, a third of the pool's rate gone while AIMD had
+        already found the limit (`bench.product`, configured 2x too high).
+        """
         what = f"HTTP {result.status}" if result.status is not None else (result.error or "no answer")
+        # Held against nobody, as a source's own fault is.
+        verdict = "source_fault" if repeat and result.slow_down else _identity_verdict(spec, result)
         # A source's own rate limit (a GitHub 403 with no allowance left) weighs on the identity as
         # a 429 does, not as the hard block its status alone would be.
-        session.report(spec.name, _identity_verdict(spec, result), status=429 if result.slow_down else result.status,
+        session.report(spec.name, verdict, status=429 if result.slow_down else result.status,
                        answered=result.status, sent=sent, what=what)
 
     def _attempt(

@@ -240,7 +240,7 @@ class RateLanes:
         retry_after_s: float | None,
         throttle: ThrottleSpec,
         pooled_identity: bool = False,
-    ) -> None:
+    ) -> bool:
         """Tell the lanes how a request went: throttle signals cut the rate, successes restore it.
 
         One atomic statement per lane, the SQL twin of `aimd.on_throttle` / `aimd.on_success` (the
@@ -252,13 +252,18 @@ class RateLanes:
         (`aimd.cuts_shared_lanes`). A Retry-After is a hard floor on every lane: nothing leaves it
         before now + retry_after_s, whatever burst is left, even when the signal falls in the hold
         after a cut.
+
+        Returns whether the signal was a throttle of a pooled identity that fell in its lane's hold
+        (`cut_hold_s` after the lane's last cut), so did not cut it: the same episode of being too
+        fast as the throttle that cut it, answered to requests that left before the cut took hold.
+        The caller holds that episode against the identity once (`Fetcher`), not once per refusal.
         """
         now = self._clock()
         throttled = aimd.is_throttle_signal(outcome, timed_out=timed_out)
         succeeded = outcome is Outcome.OK and not timed_out
         floor = now + retry_after_s if retry_after_s is not None and retry_after_s > 0 else None
         if not (throttled or succeeded or floor is not None):
-            return  # nothing to learn from it: leave the row alone rather than write a no-op
+            return False  # nothing to learn from it: leave the row alone rather than write a no-op
         identity = [lane for lane in lanes if is_identity_lane(lane.name)] if pooled_identity else []
         with self._store.engine.begin() as conn:
             greatest, least = _max_min(conn)
@@ -288,13 +293,20 @@ class RateLanes:
             if floor is not None:
                 changes["not_before_s"] = greatest(_T.c.not_before_s, floor)
             # Sorted like reserve(), so two transactions never lock the same lanes in opposite orders.
+            repeat = throttled and bool(identity)
             for lane in _unique_sorted(lanes):
                 if not (cuts_shared or lane in identity):
                     continue  # a shared lane this throttle does not cut (there is no Retry-After floor to set)
                 row = {"lane": lane.name, "tat_s": now, "not_before_s": floor or 0.0, "updated_at_s": now,
                        **_aimd_columns(first)}
                 stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=changes)
-                conn.execute(stmt)
+                if throttled and lane in identity:
+                    # The lane's last cut as the statement left it: now when this throttle cut it.
+                    last_cut_after = conn.execute(stmt.returning(_T.c.last_cut_s)).scalar_one()
+                    repeat = repeat and last_cut_after < now
+                else:
+                    conn.execute(stmt)
+        return repeat
 
     def state(self, name: str) -> LaneState | None:
         """The stored state of one lane, or None before its first request."""

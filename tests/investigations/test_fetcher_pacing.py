@@ -14,6 +14,8 @@ import pytest
 
 from investigations.adapters import PlannedRequest
 from investigations.fetcher import Fetcher, FetchFailed, FetchParked
+from investigations.identities import IdentityPool, parse_identities
+from investigations.identities.sessions import IdentityBlocked, IdentitySession
 from investigations.pacing import GapSampler, RateLanes, source_lane
 from investigations.pacing.jitter import (
     RHYTHM_GAPS,
@@ -44,7 +46,8 @@ class FakeTime:
         self.now_s += seconds
 
 
-def spec(*, rate_per_s: float = 2.0, burst: int = 1, attempts: int = 2, park_after_s: float = 60.0) -> SourceSpec:
+def spec(*, rate_per_s: float = 2.0, burst: int = 1, attempts: int = 2, park_after_s: float = 60.0,
+         cut_hold_s: float = 2.0) -> SourceSpec:
     return SourceSpec.model_validate({
         "name": "fragile",
         "adapter": "json_api",
@@ -52,7 +55,7 @@ def spec(*, rate_per_s: float = 2.0, burst: int = 1, attempts: int = 2, park_aft
         "request": {"url": BASE + "/fragile/api/search?q={value}"},
         "rate": {"source_per_s": rate_per_s, "source_burst": burst, "identity_per_s": 100, "identity_burst": 100},
         "retry": {"attempts": attempts, "base_delay_s": 0.5, "max_delay_s": 2.0},
-        "throttle": {"park_after_s": park_after_s},
+        "throttle": {"park_after_s": park_after_s, "cut_hold_s": cut_hold_s},
     })
 
 
@@ -235,3 +238,44 @@ def test_a_background_request_that_waited_behind_others_does_not_think(sqlite_st
     before = len(time_.slept)
     fetcher.fetch(source, REQUEST, lead_id="l1", background=background)
     assert len(time_.slept) == before + sleeps  # a think (interactive only), then the lane wait
+
+
+# -- a burst of refusals and the identity's health ---------------------------------------------
+
+
+def pooled_session(store, time_: FakeTime, answers: list[httpx.Response]) -> tuple[
+        IdentitySession, IdentityPool]:
+    """A session leased from a pool of one identity, sent through a proxy (here a scripted transport)."""
+    catalog = parse_identities("tiers: [datacenter]\nidentities:\n"
+                               "  - {id: px, proxy_url: 'http://127.0.0.9:3128', range: r1, tier: datacenter}\n")
+    pool = IdentityPool(store, catalog, clock=time_.clock, rng=random.Random(1))
+    lease = pool.acquire("fragile", holder="test", ttl_s=3600.0)
+    assert lease is not None
+    replies = iter(answers)
+    client = httpx.Client(transport=httpx.MockTransport(lambda request: next(replies)))
+    return IdentitySession(identity_id="px", client=client, proxied=True, lease=lease, pool=pool), pool
+
+
+REFUSED_THEN_OK = [httpx.Response(429)] * 4 + [httpx.Response(200, json={"results": []})]
+
+
+def test_refusals_within_the_identity_s_cut_hold_count_against_it_once(sqlite_store) -> None:
+    time_ = FakeTime()
+    fetcher, _, _ = make_fetcher(sqlite_store, time_, [])
+    session, pool = pooled_session(sqlite_store, time_, REFUSED_THEN_OK)
+    # Four refusals in a few seconds, all within the hold of the first one's cut: one episode.
+    result = fetcher.fetch(spec(cut_hold_s=60.0), REQUEST, lead_id="l1", session=session)
+    assert result.status == 200
+    health = pool.health("px", "fragile")
+    assert health is not None and health.state == "healthy"
+    assert health.score == pytest.approx(1.0 - pool.policy.success_weight)
+
+
+def test_refusals_further_apart_than_the_cut_hold_each_count_and_rest_the_identity(sqlite_store) -> None:
+    time_ = FakeTime()
+    fetcher, _, _ = make_fetcher(sqlite_store, time_, [])
+    session, pool = pooled_session(sqlite_store, time_, REFUSED_THEN_OK)
+    with pytest.raises(IdentityBlocked):
+        fetcher.fetch(spec(cut_hold_s=0.01), REQUEST, lead_id="l1", session=session)
+    health = pool.health("px", "fragile")
+    assert health is not None and health.state == "resting"

@@ -454,9 +454,9 @@ def factors(lanes: RateLanes, *lane_list: LaneSpec) -> list[float | None]:
     return [state.rate_factor if (state := lanes.state(lane.name)) else None for lane in lane_list]
 
 
-def throttle_as(lanes: RateLanes, identity: LaneSpec, *, retry_after_s: float | None = None) -> None:
-    lanes.feedback([SITE, identity], outcome=Outcome.THROTTLED, retry_after_s=retry_after_s, throttle=THROTTLE,
-                   pooled_identity=True)
+def throttle_as(lanes: RateLanes, identity: LaneSpec, *, retry_after_s: float | None = None) -> bool:
+    return lanes.feedback([SITE, identity], outcome=Outcome.THROTTLED, retry_after_s=retry_after_s,
+                          throttle=THROTTLE, pooled_identity=True)
 
 
 def test_one_identity_throttled_cuts_its_own_lane_and_leaves_the_source_lane_alone(lanes: RateLanes) -> None:
@@ -510,3 +510,31 @@ def test_a_throttle_of_the_fleets_own_direct_address_cuts_the_source_lane(lanes:
     direct = LaneSpec("identity:site:direct", rate_per_s=3.0, burst=2, guard_rhythm=True)
     lanes.feedback([SITE, direct], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=THROTTLE)
     assert factors(lanes, SITE, direct) == pytest.approx([0.5, 0.5])
+
+
+# -- a throttle that repeats the one its identity's lane was cut for --------------------------------
+
+
+def test_an_identity_s_throttle_within_its_cut_hold_repeats_the_cut_and_one_after_it_does_not(
+    lanes: RateLanes, clock: FakeClock
+) -> None:
+    assert throttle_as(lanes, ALICE) is False  # it cut the lane
+    clock.now += THROTTLE.cut_hold_s - 0.5
+    assert throttle_as(lanes, ALICE) is True  # a request that left before the cut took hold
+    clock.now += 1.0
+    assert throttle_as(lanes, ALICE) is False  # past the hold: cut again
+    assert factors(lanes, ALICE) == pytest.approx([0.25])
+
+
+def test_another_identity_s_recent_cut_does_not_make_a_throttle_a_repeat(lanes: RateLanes) -> None:
+    throttle_as(lanes, ALICE)
+    assert throttle_as(lanes, BOB) is False
+
+
+def test_a_success_or_a_throttle_of_the_direct_address_is_never_a_repeat(lanes: RateLanes) -> None:
+    direct = LaneSpec("identity:site:direct", rate_per_s=3.0, burst=2, guard_rhythm=True)
+    for _ in range(2):
+        assert lanes.feedback([SITE, direct], outcome=Outcome.THROTTLED, retry_after_s=None,
+                              throttle=THROTTLE) is False
+    assert lanes.feedback([SITE, ALICE], outcome=Outcome.OK, retry_after_s=None, throttle=THROTTLE,
+                          pooled_identity=True) is False
