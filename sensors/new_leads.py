@@ -10,7 +10,11 @@ only turns its answer into run requests.
 A tick with nothing to do waits for the inbox instead of returning at once: the daemon starts a
 sensor's tick at most once per loop (5 s), so a lead arriving just after an empty tick would wait
 up to 5 s for the next one. Waiting inside the tick, and returning as soon as a lead arrives, turns
-that into the poll interval.
+that into the poll interval. The wait lasts most of 30 s, not one loop: every tick costs the code
+server a Dagster instance and the sensor's resources, and the daemon its tick records, about 40 ms
+of CPU between them whether or not a lead came, so short ticks kept an idle fleet busy. While it
+waits, `new_leads` syncs the partitions and plans its backlog again every PLAN_EVERY_S (as often as
+the daemon's loop once started its ticks), so background work is handed over as soon as it may go.
 
 A tick hands its runs over only when it returns, so one waiting sensor picks up one arrival per
 loop at once and the next lead waits for the next loop. Several sensors therefore take turns at the
@@ -63,11 +67,15 @@ MAX_RUNS_PER_TICK = 100
 # (10 s; measured: ticks 9.98 s apart at the median), because a loop starts a hair under 5 s after
 # the last tick; asking for less gets every loop.
 INTERVAL_S = 1
-# An empty tick waits this long for the inbox, polling it every INBOX_POLL_S. It must end before the
-# daemon's next loop (5 s after this tick's start, less the time the loop took to start it): a tick
-# still running then is skipped, and the next one would start only 10 s after this one.
-WAIT_FOR_LEADS_S = 3.5
+# An empty tick waits this long for the inbox, polling it every INBOX_POLL_S. It ends 1.5 s before one
+# of the daemon's loops (every 5 s from this tick's start, less the time the loop took to start it):
+# a tick still running at a loop is skipped there, and ending just after one would leave no sensor
+# waiting for 5 s. Well under the 60 s the daemon gives a sensor's evaluation.
+WAIT_FOR_LEADS_S = 28.5
 INBOX_POLL_S = 0.2
+# While waiting, `new_leads` syncs the partitions and plans its backlog again this often: a batch
+# winding down gets its successor within this, as when every tick lasted 3.5 s.
+PLAN_EVERY_S = 3.5
 # Sensors taking turns at the inbox: up to this many leads per loop are picked up within the poll.
 PICKUP_TURNS = 2
 # A run in these states holds, or will hold, a slot of its source's pool.
@@ -188,19 +196,22 @@ def build_new_lead_sensor(
     turn: int = 0,
     turns: int = 1,
     wait_for_leads_s: float = WAIT_FOR_LEADS_S,
+    plan_every_s: float = PLAN_EVERY_S,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> SensorDefinition:
     """The sensor taking `turn` of `turns` at the inbox (turn 0: `new_leads`, which also hands over
     background work); `wait_for_leads_s` is how long a tick with nothing to do waits for the inbox
-    (0: return at once), `clock` and `sleep` time that wait."""
+    (0: return at once), `plan_every_s` how often `new_leads` plans its backlog again meanwhile,
+    `clock` and `sleep` time that wait."""
     primary = turn == 0
     if primary:
         description = (
             "Queues leads accepted by the webhook intake (one collection per wanted source) and hands each "
             "source's backlog to Dagster within its max_in_flight, interactive work first. A tick with nothing "
             f"to do waits up to {wait_for_leads_s:g} s for a lead of its turn, so a fresh lead is picked up "
-            "within the inbox poll, not the daemon's 5 s sensor loop."
+            "within the inbox poll, not the daemon's 5 s sensor loop; meanwhile it plans the backlog again "
+            f"every {plan_every_s:g} s."
         )
     else:
         description = (
@@ -218,17 +229,20 @@ def build_new_lead_sensor(
         read = queued = 0
         run_requests: list[RunRequest] = []
         reasons: list[str] = []
+        order = partition_order_of(context.instance)
         if primary:
             sync_pool_limits(context.instance, catalog)
-            _, leads_since = sync_lead_partitions(context.instance, store, since=leads_since)
             awake = True
         else:
             # The inbox as it is now is new_leads' (its tick starts in the same loop, with a pass over
             # it): a relay only waits for the rows of its turn that arrive during its tick.
             cursor = store.last_inbox_id()
             awake = _wait_for_inbox(store, cursor, deadline, turn=turn, turns=turns, clock=clock, sleep=sleep)
-        order = partition_order_of(context.instance)
         while awake:
+            if primary:
+                read_leads, leads_since = sync_lead_partitions(context.instance, store, since=leads_since)
+                if read_leads:
+                    order.cache_clear()  # type: ignore[attr-defined]
             items = store.inbox_after(cursor, limit=MAX_INBOX_ROWS_PER_TICK)
             added, notes = ingest(store, items, catalog)
             read, queued = read + len(items), queued + added
@@ -242,7 +256,10 @@ def build_new_lead_sensor(
             # Nothing to hand over (another sensor took it, say): wait on, unless the inbox has more.
             if run_requests or len(items) == MAX_INBOX_ROWS_PER_TICK:
                 break
-            awake = _wait_for_inbox(store, cursor, deadline, turn=turn, turns=turns, clock=clock, sleep=sleep)
+            # new_leads plans again at PLAN_EVERY_S whether or not a lead came; a relay only for one.
+            plan_by = min(deadline, clock() + plan_every_s) if primary else deadline
+            awake = (_wait_for_inbox(store, cursor, plan_by, turn=turn, turns=turns, clock=clock, sleep=sleep)
+                     or (primary and clock() < deadline))
         for reason in reasons:
             context.log.info(f"backpressure: {reason}")
         new_cursor = write_cursor(cursor, leads_since)

@@ -103,6 +103,44 @@ def test_an_empty_tick_skips_once_its_wait_is_over(world) -> None:
     assert fake.now == pytest.approx(1.0)
 
 
+def test_a_waiting_tick_hands_over_a_backfill_queued_meanwhile_at_its_next_plan(world) -> None:
+    catalog, store, _, instance = world
+    queued = []
+
+    def backfill_queued_after_a_second(slept) -> None:
+        if sum(slept) >= 1.0 and not queued:
+            queued.extend(normalize_lead("domain", f"bulk{i}.example") for i in range(2))
+            store.add_leads(queued)  # `leads add`, then `backfill`: no inbox row wakes the sensor
+            store.enqueue([("robust", lead.id) for lead in queued], origin="backfill:1", priority_class="backfill")
+
+    fake = FakeTime(backfill_queued_after_a_second)
+    sensor = build_new_lead_sensor(catalog, [build_source_job(spec) for spec in catalog.sources],
+                                   wait_for_leads_s=28.5, plan_every_s=3.5, clock=fake.clock, sleep=fake.sleep)
+    (request,) = _evaluate(sensor, instance, cursor="0").run_requests
+    assert request.tags["investigations/batch_size"] == "2"
+    assert fake.now == pytest.approx(3.5)  # at the first plan after it was queued, not at the tick's end
+    assert sorted(instance.get_dynamic_partitions("leads")) == sorted(lead.id for lead in queued)
+
+
+def test_a_lead_registered_while_a_tick_waits_joins_the_partitions_before_the_tick_ends(world) -> None:
+    catalog, store, _, instance = world
+    lead = normalize_lead("domain", "meanwhile.example")
+    seen_at = []
+
+    def registered_after_a_second(slept) -> None:
+        if sum(slept) >= 1.0 and store.get_lead(lead.id) is None:
+            store.add_lead(lead)  # `leads add`: no inbox row wakes the sensor
+        elif not seen_at and lead.id in instance.get_dynamic_partitions("leads"):
+            seen_at.append(sum(slept))
+
+    fake = FakeTime(registered_after_a_second)
+    sensor = build_new_lead_sensor(catalog, [build_source_job(spec) for spec in catalog.sources],
+                                   wait_for_leads_s=10.0, plan_every_s=3.5, clock=fake.clock, sleep=fake.sleep)
+    result = _evaluate(sensor, instance, cursor="0")
+    assert not result.run_requests and fake.now == pytest.approx(10.0)
+    assert seen_at and seen_at[0] <= 3.5 + 0.2 + 1e-9  # synced at the first plan, while the tick waited
+
+
 def test_a_tick_with_work_returns_without_waiting(world) -> None:
     catalog, store, _, instance = world
     _accept(store, ["example.com"], webhook="w1", sources=["robust"])
