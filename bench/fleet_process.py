@@ -165,8 +165,9 @@ class CpuSampler:
     its last sample shows only in the total (reported as `between samples`).
     """
 
-    def __init__(self, groups: Mapping[str, int], interval_s: float = 0.5) -> None:
-        self.groups = dict(groups)
+    def __init__(self, groups: Mapping[str, int | Sequence[int]], interval_s: float = 0.5) -> None:
+        # A group may have several roots: the daemon and a code server run as a service of its own.
+        self.groups = {name: (roots,) if isinstance(roots, int) else tuple(roots) for name, roots in groups.items()}
         self.interval_s = interval_s
         self.samples: list[CpuSample] = []
         self._stop = threading.Event()
@@ -184,9 +185,9 @@ class CpuSampler:
         table = proc_table()
         totals: dict[str, float] = {}
         procs: dict[tuple[int, int], tuple[str, str, float]] = {}
-        for group, root in self.groups.items():
+        for group, roots in self.groups.items():
             total = 0.0
-            for pid in descendants(root, table):
+            for pid in dict.fromkeys(pid for root in roots for pid in descendants(root, table)):
                 stat = table[pid]
                 total += stat.self_s + stat.children_s
                 role = role_of(stat)
@@ -277,7 +278,7 @@ def prepare_fleet(base: Path, *, dagster_yaml: str, sources_yaml: str, workspace
     if workspace_yaml is not None:
         workspace = base / "workspace.yaml"
         workspace.write_text(workspace_yaml)
-    sandbox_port, intake_port, ui_port = free_port(), free_port(), free_port()
+    sandbox_port, intake_port, ui_port, code_port = free_port(), free_port(), free_port(), free_port()
     database_url = f"sqlite:///{data_dir / 'state.db'}"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("INVESTIGATIONS_", "DAGSTER_"))},
@@ -290,6 +291,9 @@ def prepare_fleet(base: Path, *, dagster_yaml: str, sources_yaml: str, workspace
         "INVESTIGATIONS_WEBHOOK_SECRET": SECRET,
         "INVESTIGATIONS_INTAKE_PORT": str(intake_port),
         "INVESTIGATIONS_UI_PORT": str(ui_port),
+        # The code server of `deploy/workspace.yaml` (the `code-server` service below).
+        "INVESTIGATIONS_CODE_SERVER_HOST": "127.0.0.1",
+        "INVESTIGATIONS_CODE_SERVER_PORT": str(code_port),
         "BENCH_WORKSPACE": str(workspace),
         "BENCH_WATCH_PREFIX": watch_prefix,
         **DAGSTER_ENV,  # as `make run` sets them
@@ -305,7 +309,8 @@ def start_fleet(fleet: Fleet, *, timeout_s: float = START_TIMEOUT_S,
 
     `services` picks some of them (the sandbox alone, say, for the engine-only measurement), or adds
     `daemon`: `dagster-daemon run` on the workspace instead of `dagster dev` (no HTTP port: whoever
-    starts it watches its work arrive).
+    starts it watches its work arrive), and `code-server`: the project's code server as a service of
+    its own, as a deployment runs it for `deploy/workspace.yaml` (start it before the daemon).
 
     Dagster's storage must exist before this (create the `DagsterInstance` first: processes that
     create the same SQLite storage at once can leave it with two schema heads). On failure every
@@ -322,6 +327,9 @@ def start_fleet(fleet: Fleet, *, timeout_s: float = START_TIMEOUT_S,
         "dagster": [str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", env["INVESTIGATIONS_UI_PORT"],
                     "-w", env["BENCH_WORKSPACE"]],
         "daemon": [str(BIN / "dagster-daemon"), "run", "-w", env["BENCH_WORKSPACE"]],
+        "code-server": [str(BIN / "dagster"), "code-server", "start", "-m", "definitions", "-d", str(ROOT),
+                        "-h", env["INVESTIGATIONS_CODE_SERVER_HOST"], "-p", env["INVESTIGATIONS_CODE_SERVER_PORT"],
+                        "--location-name", "investigations"],
     }
     commands = {name: cmd for name, cmd in commands.items() if name in services}
     urls = {"sandbox": f"{fleet.sandbox_url}/healthz", "intake": f"{fleet.intake_url}/healthz",
@@ -335,9 +343,35 @@ def start_fleet(fleet: Fleet, *, timeout_s: float = START_TIMEOUT_S,
         for name in commands:
             if name in urls:
                 wait_http(urls[name], timeout_s=timeout_s, procs=procs)
+            elif name == "code-server":
+                wait_code_server(env["INVESTIGATIONS_CODE_SERVER_HOST"], int(env["INVESTIGATIONS_CODE_SERVER_PORT"]),
+                                 timeout_s=timeout_s, procs=procs)
     except BaseException:
         fleet.stop()
         raise
+
+
+def wait_code_server(host: str, port: int, *, timeout_s: float, procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Return once the code server at host:port lists the project's definitions: a daemon that finds
+    it still loading keeps the error until its next workspace refresh, 60 s later."""
+    from dagster._grpc.client import DagsterGrpcClient
+    from dagster._serdes import deserialize_value
+    from dagster._utils.error import SerializableErrorInfo
+
+    client = DagsterGrpcClient(host=host, port=port)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"a fleet process exited with {proc.returncode} while the code server started")
+        try:
+            if not isinstance(deserialize_value(client.list_repositories()), SerializableErrorInfo):
+                return
+        except Exception:  # not listening yet, or still loading the code
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the code server at {host}:{port} did not load the project in {timeout_s:.0f} s")
+        time.sleep(0.5)
 
 
 # -- the sandbox, in a process of its own, noting first arrivals ---------------------------------

@@ -1,8 +1,9 @@
 """The product path at the ceiling: leads a user adds, backfilled in batches, against a real limiter.
 
-For each configuration a fleet is started on loopback as a deployment runs it: `dagster-daemon` on
-the project's workspace (run queue, sensors, its code server and run workers), the webhook intake
-and the sandbox web, in temp dirs with free ports (`bench.fleet_process`). In front of the sandbox's
+For each configuration a fleet is started on loopback as a deployment runs it (README, "Deploying"):
+the project's code server as a service of its own (`dagster code-server start`: sensors, and the run
+workers as its children), `dagster-daemon` on `deploy/workspace.yaml` (run queue, sensor ticks), the
+webhook intake and the sandbox web, in temp dirs with free ports (`bench.fleet_process`). In front of the sandbox's
 `robust` route stands nginx `limit_req` with two zones, per client address and site-wide, both
 answering 429; in front of nginx, one tinyproxy per identity, each sending from its own 127.0.0.x
 (`bench.proxies`), so nginx sees one client per identity. The fleet's identities file lists the
@@ -232,8 +233,10 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
             leads_file.write_text("".join(f"domain product-{cfg.name}-{n:05d}.example\n" for n in range(leads)))
             cli.append(run_cli(fleet, "leads", "add", "--file", str(leads_file), "--case", CASE_ID))
             started_s = time.time()
-            start_fleet(fleet, services=("intake", "daemon"))
-            groups = {"dagster": fleet.procs["daemon"].pid, "intake": fleet.procs["intake"].pid,
+            fleet.env["BENCH_WORKSPACE"] = str(ROOT / "deploy" / "workspace.yaml")
+            start_fleet(fleet, services=("code-server", "intake", "daemon"))
+            groups = {"dagster": (fleet.procs["daemon"].pid, fleet.procs["code-server"].pid),
+                      "intake": fleet.procs["intake"].pid,
                       "sandbox": fleet.procs["sandbox"].pid, "nginx": nginx._proc.pid if nginx._proc else 0}
             groups.update({f"proxy{n}": proc.pid for n, proc in enumerate(proxies.procs)})
             if databases and (server := pg_server_pid()):
@@ -248,7 +251,7 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
             fleet.sleep_until(end_s)
             sampler.stop()
             # Dagster first: a run still collecting while the sandbox goes would log its 502s as failures.
-            stop_all([fleet.procs.pop(name) for name in ("daemon", "intake")])
+            stop_all([fleet.procs.pop(name) for name in ("daemon", "code-server", "intake")])
             target = sandbox_source(fleet)
             fleet.stop()
             rows = nginx.client_rows(cfg.name)

@@ -68,3 +68,21 @@ def test_the_proxy_resource_is_registered_and_is_the_one_the_fleet_collects_thro
     defs = build_definitions(Settings.from_env())
     identities = defs.resources["identities"]
     assert defs.resources["fleet"].identities is identities
+
+
+def test_the_deployment_workspace_names_the_same_location_at_the_code_server_the_environment_gives(
+        monkeypatch) -> None:
+    from pathlib import Path
+
+    from dagster._core.remote_origin import GrpcServerCodeLocationOrigin
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("INVESTIGATIONS_CODE_SERVER_HOST", "10.0.0.7")
+    monkeypatch.setenv("INVESTIGATIONS_CODE_SERVER_PORT", "4266")
+    (deployed,) = WorkspaceFileTarget(paths=[str(root / "deploy" / "workspace.yaml")]).create_origins()
+    (local,) = WorkspaceFileTarget(paths=[str(root / "workspace.yaml")]).create_origins()
+    assert isinstance(deployed, GrpcServerCodeLocationOrigin)
+    assert (deployed.host, deployed.port) == ("10.0.0.7", 4266)
+    # Sensor and schedule states are kept per location: both workspaces must name the same one.
+    assert deployed.location_name == local.location_name == "investigations"

@@ -62,3 +62,23 @@ def test_convergence_bench_writes_settling_figures(tmp_path: Path) -> None:
     figures = run_bench("convergence", tmp_path)
     assert {"converged_after_s", "first_quiet_after_s", "throttled"} <= set(figures["after_change"])
     assert {"ok_per_s", "over_new_limit"} <= set(figures["achieved"])
+
+
+def test_a_cpu_group_with_two_roots_counts_both_trees_once() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from bench.fleet_process import CpuSampler
+
+    burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    procs = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(2)]
+    try:
+        time.sleep(1.5)  # both have burnt their 0.3 s by now
+        sample = CpuSampler({"both": [procs[0].pid, procs[1].pid, procs[0].pid], "one": procs[1].pid}).sample()
+        assert 0.6 <= sample.totals["both"] < 1.2  # both trees, the repeated root once
+        assert 0.3 <= sample.totals["one"] < 0.6
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
