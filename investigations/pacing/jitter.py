@@ -6,7 +6,7 @@ Two draws shape a lane's traffic:
 - slots: each slot follows the previous one by the permitted interval times (1 + a small
   heavy-tailed slack). Never shorter than the interval, so no window ever holds more than a strict
   limiter allows; the slack makes the grid's phase wander, so no period survives more than a few
-  slots. It costs `slot_slack` of throughput on average (1.5 %): the send delays below blur the
+  slots. It costs `slot_slack` of throughput on average (0.5 %): the send delays below blur the
   grid far more than the slack does, so a larger slack only gives up rate.
 - sends: each request leaves a heavy-tailed delay after its slot opens (median half an interval,
   capped at one), now and then after a long pause. That makes gaps between sends vary widely.
@@ -57,8 +57,11 @@ class GapSampler:
     pause_probability: float = 0.01
     pause_range: tuple[float, float] = (3.0, 10.0)  # a long pause, in intervals
     # Mean extra spacing between slots, as a share of the interval: a source lane at the site's own
-    # limit reaches 1 / (1 + slot_slack) of it at most (98.5 %), so this is rate given up for good.
-    slot_slack: float = 0.015
+    # limit reaches 1 / (1 + slot_slack) of it at most (99.5 %), so this is rate given up for good.
+    # It only has to make the grid's phase wander; slots never come closer than the interval whatever
+    # it is. 1.5 % gave up a point of the product's rate (bench.product: right 0.964 -> 0.978-0.980,
+    # defend 0.965 -> 0.981, no refusal and no ban either way).
+    slot_slack: float = 0.005
     _slack_mu: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
