@@ -3,10 +3,10 @@
 For each configuration a fleet is started on loopback as a deployment runs it (README, "Deploying"):
 the project's code server as a service of its own (`dagster code-server start`: sensors, and the run
 workers as its children), `dagster-daemon` on `deploy/workspace.yaml` (run queue, sensor ticks), the
-webhook intake and the sandbox web, in temp dirs with free ports (`bench.fleet_process`). In front of the sandbox's
-`robust` route stands nginx `limit_req` with two zones, per client address and site-wide, both
-answering 429; in front of nginx, one tinyproxy per identity, each sending from its own 127.0.0.x
-(`bench.proxies`), so nginx sees one client per identity. The fleet's identities file lists the
+webhook intake and the sandbox web, in temp dirs with free ports (`bench.fleet_process`). In front
+of the sandbox's `robust` route stands nginx `limit_req` with two zones, per client address and
+site-wide, both answering 429; in front of nginx, one tinyproxy per identity, each sending from its
+own 127.0.0.x (`bench.proxies`), so nginx sees one client per identity. The fleet's identities file lists the
 proxies; `robust` is pointed at nginx. The ceiling is min(site rate, identities x per-address rate).
 
 Then the user's steps, with the CLI: `investigations leads add --file leads.txt --case ...` (the
@@ -245,7 +245,7 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
             sampler = CpuSampler(groups).start()
             cli.append(run_cli(fleet, "backfill", "--source", SOURCE))
             t0 = wait_first_row(nginx, cfg.name, fleet, timeout_s=T0_TIMEOUT_S)
-            print(f"  [{cfg.name}] first request at nginx {t0 - started_s:.0f} s after the daemon started; "
+            print(f"  [{cfg.name}] first request at nginx {t0 - started_s:.0f} s after the services started; "
                   f"running {cfg.duration_s:.0f} s (logs: {fleet.logs})", flush=True)
             end_s = t0 + cfg.duration_s
             fleet.sleep_until(end_s)
