@@ -69,12 +69,16 @@ def test_a_cpu_group_with_two_roots_counts_both_trees_once() -> None:
     import sys
     import time
 
-    from bench.fleet_process import CpuSampler
+    from bench.fleet_process import CpuSampler, read_stat
 
     burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(30)"
     procs = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(2)]
     try:
-        time.sleep(1.5)  # both have burnt their 0.3 s by now
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all((stat := read_stat(proc.pid)) and stat.self_s >= 0.3
+                                                      for proc in procs):
+            time.sleep(0.1)  # until both have burnt their 0.3 s and sleep
+        time.sleep(0.2)
         sample = CpuSampler({"both": [procs[0].pid, procs[1].pid, procs[0].pid], "one": procs[1].pid}).sample()
         assert 0.6 <= sample.totals["both"] < 1.2  # both trees, the repeated root once
         assert 0.3 <= sample.totals["one"] < 0.6
