@@ -11,8 +11,8 @@ A tick with nothing to do waits for the inbox instead of returning at once: the 
 sensor's tick at most once per loop (5 s), so a lead arriving just after an empty tick would wait
 up to 5 s for the next one. Waiting inside the tick, and returning as soon as a lead arrives, turns
 that into the poll interval. The wait lasts most of 30 s, not one loop: every tick costs the code
-server a Dagster instance and the sensor's resources, and the daemon its tick records, about 40 ms
-of CPU between them whether or not a lead came, so short ticks kept an idle fleet busy. While it
+server a Dagster instance (about 25 ms of CPU for that alone) and the sensor's resources, and the
+daemon its tick records, whether or not a lead came, so short ticks kept an idle fleet busy. While it
 waits, `new_leads` syncs the partitions and plans its backlog again every PLAN_EVERY_S (as often as
 the daemon's loop once started its ticks), so background work is handed over as soon as it may go.
 
