@@ -313,8 +313,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 for lead_id, outcome in zip(lead_ids, outcomes, strict=True):
                     if isinstance(outcome, CollectionResult):
                         # Stored in the event log before the generator resumes, so its id is known.
-                        cost = collection_cost_usd(fleet.store, spec, lead_id=lead_id, run_id=context.run.run_id,
-                                                   prices=prices)
+                        cost = collection_cost_usd(spec, outcome.sent, prices)
                         yield materialization(spec, outcome, cost_usd=cost, over_budget=past_budget)
                         if check_selected:
                             checks.add(lead_id, baselines.judge(lead_id, outcome.lead_kind, outcome.records,

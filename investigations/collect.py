@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import NoReturn
 
 from investigations.adapters import ParsedRecord, ParseError, TtlCache, build_adapter
+from investigations.events import RequestTally
 from investigations.evidence import Capture, EvidenceStore
 from investigations.fetcher import Fetcher, FetchFailed, FetchParked
 from investigations.identities.sessions import IdentityBlocked, IdentitySession, Sessions
@@ -81,6 +82,9 @@ class CollectionResult:
     # and the leases they were sent under (none for the direct identity, which is not leased).
     identity_ids: list[str] = field(default_factory=list)
     lease_ids: list[str] = field(default_factory=list)
+    # What the collection sent, per identity id: (requests, bytes of answer), every attempt counted
+    # as the fetch log records it. Its cost is priced from this (`cost.collection_cost_usd`).
+    sent: dict[str, tuple[int, int]] = field(default_factory=dict)
     # What the lead id (a hash) stands for, for people looking for the lead by its value.
     lead_kind: str = ""
     lead_value: str = ""
@@ -201,6 +205,7 @@ class Collector:
         captures: list[Capture] = []  # captures[i]: the answer found[i] was parsed from
         evidence = self.evidence.open(source, lead_id, now=self.now)
         requests = 0
+        tally = RequestTally()
         identities = _Identities(self.fetcher.sessions, self.fetcher.lanes, spec, holder=run_id or f"collect-{uuid.uuid4().hex}")
         try:
             if not self._lease_first(identities, source):
@@ -221,7 +226,7 @@ class Collector:
                     try:
                         response = self.fetcher.fetch(spec, planned, lead_id=lead_id, run_id=run_id,
                                                       session=identities.current(), background=background,
-                                                      judge=adapter)
+                                                      judge=adapter, tally=tally)
                         break
                     except IdentityBlocked as blocked:
                         requests += blocked.requests
@@ -291,6 +296,7 @@ class Collector:
             sample_keys=sorted(r.key for r in found)[:5],
             identity_ids=identities.identity_ids,
             lease_ids=identities.lease_ids,
+            sent=tally.per_identity(),
             lead_kind=lead.kind,
             lead_value=lead.value,
             common_fields=fields_in_all,

@@ -76,21 +76,14 @@ def spend_by_source(usage: Iterable[Usage], catalog: SourceCatalog,
     return spent
 
 
-def collection_cost_usd(store: StateStore, spec: SourceSpec, *, lead_id: str, run_id: str,
+def collection_cost_usd(spec: SourceSpec, sent: Mapping[str, tuple[int, int]],
                         prices: Mapping[str, IdentityPrice]) -> float:
-    """What one run's collection of one lead cost: its requests in the fetch log, priced as
-    `usage_cost_usd` prices them (one query on the log's lead index). Asked for every lead of a
-    batch as it is stored, by the run's main thread: a read that takes no write lock on SQLite, so
-    it never waits behind the batch's own collections writing."""
-    fl = s.fetch_log
-    query = (select(fl.c.identity_id, func.count(), func.coalesce(func.sum(fl.c.bytes), 0))
-             .where(fl.c.lead_id == lead_id, fl.c.source == spec.name, fl.c.run_id == run_id)
-             .group_by(fl.c.identity_id))
-    with store.reading() as conn:
-        rows = conn.execute(query).all()
-    return sum(usage_cost_usd(Usage(spec.name, identity, int(count), int(size)),
+    """What one collection cost: what it sent per identity, (requests, bytes of answer) as the
+    collector counted it while the fetch log recorded the same requests, priced as `usage_cost_usd`
+    prices them. Nothing is read back from the log, so a batch pays no query per lead."""
+    return sum(usage_cost_usd(Usage(spec.name, identity, requests, size),
                               source_cost_per_request_usd=spec.cost_per_request_usd,
-                              identity=prices.get(identity, FREE)) for identity, count, size in rows)
+                              identity=prices.get(identity, FREE)) for identity, (requests, size) in sent.items())
 
 
 def evidence_cost_usd(spec: SourceSpec, evidence_bytes: int) -> float:

@@ -34,3 +34,21 @@ class FetchEvent:
     at: datetime
     run_id: str | None = None
     error: str | None = None
+
+
+class RequestTally:
+    """What one collection sent, per identity: requests and bytes of answer, counted as the fetcher
+    records each attempt in the fetch log (so the same requests the log holds, without reading it
+    back). One collection's tally is used by the one thread collecting it."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, list[int]] = {}
+
+    def add(self, identity_id: str, answer_bytes: int) -> None:
+        entry = self._counts.setdefault(identity_id, [0, 0])
+        entry[0] += 1
+        entry[1] += answer_bytes
+
+    def per_identity(self) -> dict[str, tuple[int, int]]:
+        """identity id -> (requests, bytes), in order of first use."""
+        return {identity: (n, size) for identity, (n, size) in self._counts.items()}

@@ -38,7 +38,7 @@ from investigations.classify import (
     next_step,
     parse_retry_after_s,
 )
-from investigations.events import FetchEvent, Outcome
+from investigations.events import FetchEvent, Outcome, RequestTally
 from investigations.identities import CookieStore, IdentityPool, IdentityVerdict, classify_for_identity
 from investigations.identities.sessions import IdentitySession, Sessions
 from investigations.netguard import (
@@ -211,6 +211,7 @@ class Fetcher:
         session: IdentitySession | None = None,
         background: bool = False,
         judge: AnswerJudge | None = None,
+        tally: RequestTally | None = None,
     ) -> FetchResult:
         """Send `request` for `lead_id` under `spec`'s timeout and retry policy, as the session's
         identity (the direct one without a session); `background` work (recurring crawls,
@@ -220,7 +221,8 @@ class Fetcher:
 
         Returns the first OK answer; raises FetchFailed when the policy gives up or the target is
         refused, FetchParked when the source keeps throttling, IdentityBlocked when the identity
-        must not send here any more. Every attempt is recorded through the sink, whatever its outcome.
+        must not send here any more. Every attempt is recorded through the sink, whatever its outcome,
+        and counted in `tally` (the collection's own count of what it sent) when one is given.
         """
         session = session or self.sessions.direct()
         identity_id, client, proxied = session.identity_id, session.client, session.proxied
@@ -254,6 +256,8 @@ class Fetcher:
                     error=result.error,
                 )
             )
+            if tally is not None:
+                tally.add(identity_id, len(result.body))
             if result.refused:
                 raise FetchFailed("refused", result.status, sent, result.error or "refused")
             retry_after_s = parse_retry_after_s(result.headers.get("retry-after"), now=self._now())

@@ -128,6 +128,14 @@ def test_the_fetch_log_has_one_row_per_request_with_status_and_latency(world: Wo
     assert "/robust/api/lookup?kind=domain&q=example.com" in row["url"]
 
 
+def test_a_collection_reports_what_it_sent_per_identity_as_the_fetch_log_has_it(world: World,
+                                                                               fleet: SourceCatalog) -> None:
+    result = world.collector(fleet).collect("robust", world.lead(), run_id="run-1")
+    rows = world.store.fetch_log(source="robust", lead_id=EXAMPLE.id)
+    assert result.sent == {"direct": (len(rows), sum(row["bytes"] for row in rows))}
+    assert result.sent["direct"][1] > 0
+
+
 # -- a quiet source ---------------------------------------------------------------------------------
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -124,31 +123,15 @@ def test_spend_today_counts_today_s_requests_at_their_identity_s_price(store: St
     assert spend_today(store, CATALOG, now=NOW) == pytest.approx({"paid": 5 * 0.25 + 2 * 0.01, "free": 0.1})
 
 
-def test_a_collection_costs_its_own_run_s_requests_for_its_lead(store: StateStore) -> None:
-    register_identity(store, "dc1", per_request=0.01, per_mb=0.0)
-    prices = identity_prices(store)
-    fetched(store, "paid", requests=2, at=NOW, lead_id="a", run_id="run-1", identity_id="dc1")
-    fetched(store, "paid", requests=1, at=NOW, lead_id="a", run_id="run-1")
-    fetched(store, "paid", requests=5, at=NOW, lead_id="a", run_id="run-0")  # an earlier run's attempt
-    fetched(store, "paid", requests=7, at=NOW, lead_id="b", run_id="run-1")  # another lead of the batch
-    cost = collection_cost_usd(store, CATALOG.get("paid"), lead_id="a", run_id="run-1", prices=prices)
-    assert cost == pytest.approx(3 * 0.25 + 2 * 0.01)
+def test_a_collection_costs_what_it_sent_at_each_identity_s_price(store: StateStore) -> None:
+    register_identity(store, "dc1", per_request=0.01, per_mb=0.5)
+    sent = {"dc1": (2, 3_000_000), "direct": (1, 500)}  # the direct identity costs nothing of its own
+    cost = collection_cost_usd(CATALOG.get("paid"), sent, identity_prices(store))
+    assert cost == pytest.approx(3 * 0.25 + 2 * 0.01 + 3 * 0.5)
 
 
-def test_a_collection_s_cost_is_read_on_sqlite_without_waiting_for_a_writer(sqlite_store: StateStore) -> None:
-    fetched(sqlite_store, "paid", requests=2, at=NOW, lead_id="a", run_id="run-1")
-    writer = StateStore.from_url(str(sqlite_store.engine.url))  # the batch's collections, writing meanwhile
-    costs: list[float] = []
-    try:
-        with writer.engine.begin() as conn:  # BEGIN IMMEDIATE: the write lock, held until the block ends
-            conn.execute(s.fetch_log.select().limit(1))
-            read = threading.Thread(daemon=True, target=lambda: costs.append(
-                collection_cost_usd(sqlite_store, CATALOG.get("paid"), lead_id="a", run_id="run-1", prices={})))
-            read.start()
-            read.join(timeout=5)  # the busy timeout is 30 s: a read that waited for the lock is still waiting
-            assert costs == [pytest.approx(0.5)]
-    finally:
-        writer.close()
+def test_a_collection_that_sent_nothing_costs_nothing() -> None:
+    assert collection_cost_usd(CATALOG.get("paid"), {}, {}) == 0.0
 
 
 def queue(store: StateStore, source: str, priority_class: str, *values: str) -> list[str]:

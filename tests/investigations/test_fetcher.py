@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from investigations.adapters import PlannedRequest
-from investigations.events import FetchEvent, Outcome
+from investigations.events import FetchEvent, Outcome, RequestTally
 from investigations.fetcher import Fetcher, FetchFailed, redact_url
 from investigations.specs import SourceSpec
 
@@ -81,6 +81,24 @@ def test_two_throttles_then_ok_logs_three_events_and_sleeps_twice() -> None:
     assert [e.outcome for e in world.sink.events] == [Outcome.THROTTLED, Outcome.THROTTLED, Outcome.OK]
     assert [e.attempt for e in world.sink.events] == [1, 2, 3]
     assert len(world.sleeps) == 2
+
+
+def test_the_tally_counts_every_attempt_the_fetch_log_records() -> None:
+    world = World(httpx.Response(503, content=b"busy"), httpx.Response(200, content=b'{"results": []}'))
+    tally = RequestTally()
+    with world.fetcher:
+        world.fetcher.fetch(world.spec, PlannedRequest("GET", BASE + "/robust/api/lookup?q=a.com", {}),
+                            lead_id="domain-1", run_id="run-1", tally=tally)
+    assert tally.per_identity() == {"dc-1": (2, sum(e.bytes for e in world.sink.events))} == {"dc-1": (2, 19)}
+
+
+def test_a_fetch_that_gives_up_still_counts_what_it_sent() -> None:
+    world = World(httpx.Response(500, content=b"x"), httpx.Response(500, content=b"yy"), attempts=2)
+    tally = RequestTally()
+    with world.fetcher, pytest.raises(FetchFailed):
+        world.fetcher.fetch(world.spec, PlannedRequest("GET", BASE + "/robust/api/lookup?q=a.com", {}),
+                            lead_id="domain-1", tally=tally)
+    assert tally.per_identity() == {"dc-1": (2, 3)}
 
 
 def test_events_carry_identity_run_status_and_size() -> None:
