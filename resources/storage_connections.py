@@ -26,6 +26,14 @@ idle SQLite connection holds no lock (the files are in WAL mode), so other proce
 up. Measured on the same 300-lead batch in one process, on SQLite: per lead, the main thread's CPU
 26-32 -> 12 ms, the process's 40-50 -> 28 ms; the run's wall time 12-15 -> 8 s.
 
+Two more per-event costs are cut for a run. The held files commit with `synchronous=NORMAL` when
+they are in WAL mode (as Dagster creates them, and as the fleet's own state store runs): a commit
+is not flushed to disk by itself, the WAL is at its checkpoints, so a killed run worker loses
+nothing it committed and only a power cut may lose the last commits. Measured with 2,000 small
+commits to a WAL file on local ext4: about 0.09 ms of CPU each flushed, 0.02 ms not; a lead's
+events make five. And every materialization asks whether the asset-key table has its index columns through a
+fresh schema inspector (SQLite and Postgres alike): a column found is remembered for the run.
+
 Only a run's instance is switched, once: a sensor's tick builds resources on an instance of its own
 that lives for one tick, and a pool there would hold a connection per tick until it is collected.
 After a Postgres restart the held connection is dead; SQLAlchemy drops the pool at the first error
@@ -39,13 +47,15 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from dagster import DagsterInstance
+from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
     SqliteEventLogStorage,
 )
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, Engine, create_engine, event
 
 STATEMENT_TIMEOUT_MS = 0  # no statement timeout, as with Dagster's connection per write
 POOL_RECYCLE_S = 3600
@@ -69,10 +79,46 @@ def hold_connections_for_the_run(instance: DagsterInstance | None) -> bool:
     instance.optimize_for_webserver(statement_timeout=STATEMENT_TIMEOUT_MS, pool_recycle=POOL_RECYCLE_S,
                                     max_overflow=MAX_OVERFLOW)
     storage = instance.event_log_storage
+    if isinstance(storage, SqlEventLogStorage):
+        remember_asset_key_columns(storage)
     # The exact class: a subclass (or the consolidated SQLite log) connects in its own way.
     if type(storage) is SqliteEventLogStorage:
         HeldShards(storage).install()
     return True
+
+
+def remember_asset_key_columns(storage: SqlEventLogStorage) -> None:
+    """Ask the database for a column of the asset-key table once per run, not once per event.
+
+    Every materialization asks whether the asset-key table has its index columns, and Dagster asks
+    through a fresh schema inspector each time: a `PRAGMA table_info` on SQLite, a catalog query on
+    Postgres. A column, once there, stays (Dagster's migrations add columns), so a column found is
+    remembered; one missing is asked about again."""
+    ask = storage._has_asset_key_col_on_connection
+    found: set[str] = set()
+
+    def has_column(conn: Connection, column_name: str) -> bool:
+        if column_name in found:
+            return True
+        if ask(conn, column_name):
+            found.add(column_name)
+            return True
+        return False
+
+    storage._has_asset_key_col_on_connection = has_column  # type: ignore[method-assign]
+
+
+def _normal_sync_in_wal(dbapi_connection: Any, _record: Any) -> None:
+    """`synchronous=NORMAL` on a file in WAL mode: a commit is not flushed to disk on its own,
+    the WAL is at each checkpoint. A crash of the process loses nothing committed; a power cut may
+    lose the last commits, never the file. A file not in WAL keeps SQLite's default."""
+    cursor = dbapi_connection.cursor()
+    try:
+        (mode,) = cursor.execute("PRAGMA journal_mode").fetchone()
+        if str(mode).lower() == "wal":
+            cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()
 
 
 class HeldShards:
@@ -135,9 +181,13 @@ class HeldShards:
         storage = self._storage
         engine = create_engine(storage.conn_string_for_shard(shard), pool_size=1, max_overflow=MAX_OVERFLOW,
                                connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False})
+        event.listen(engine, "connect", _normal_sync_in_wal)
         if shard not in storage._initialized_dbs:
             storage._initdb(engine)
             storage._initialized_dbs.add(shard)
+            # Dagster's first use may have only now put the file in WAL mode (a file it created):
+            # the held connection is opened again, so that `_normal_sync_in_wal` sees the mode.
+            engine.dispose()
         self._engines[shard] = engine
         while len(self._engines) > self._max_shards:
             self._engines.popitem(last=False)[1].dispose()

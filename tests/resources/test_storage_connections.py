@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from resources.fleet import FleetResource
-from resources.storage_connections import HeldShards, hold_connections_for_the_run
+from resources.storage_connections import HeldShards, hold_connections_for_the_run, remember_asset_key_columns
 from tests.conftest import POSTGRES_URL, require_postgres
 
 
@@ -185,3 +185,45 @@ def test_held_sqlite_files_are_bounded_and_closed_with_the_instance(sqlite_insta
     assert held.shards == ["run-c", "run-b"]  # run-a, the least recently used, was closed
     sqlite_instance.dispose()
     assert held.shards == []
+
+
+def _synchronous(storage, shard: str) -> int:
+    with storage.run_connection(shard) as conn:
+        return conn.execute(text("PRAGMA synchronous")).scalar_one()
+
+
+def test_held_sqlite_files_in_wal_mode_commit_without_a_flush_each(sqlite_instance) -> None:
+    storage = sqlite_instance.event_log_storage
+    HeldShards(storage).install()
+    # A run's file created by this process (Dagster puts it in WAL mode at its first use).
+    assert _synchronous(storage, "run-new") == 1  # NORMAL
+
+
+def test_a_held_sqlite_file_not_in_wal_mode_keeps_sqlite_s_default(sqlite_instance, tmp_path) -> None:
+    storage = sqlite_instance.event_log_storage
+    rollback = sqlite3.dbapi2.connect(tmp_path / "history" / "runs" / "run-old.db")
+    rollback.execute("PRAGMA journal_mode=DELETE")
+    rollback.close()
+    storage._initialized_dbs.add("run-old")  # as a file this process already met
+    HeldShards(storage).install()
+    assert _synchronous(storage, "run-old") == 2  # FULL
+
+
+def test_a_run_asks_for_an_asset_key_column_once_and_again_while_it_is_missing(sqlite_instance) -> None:
+    storage = sqlite_instance.event_log_storage
+    asked: list[str] = []
+    has_column = storage._has_asset_key_col_on_connection
+
+    def counting(conn, column_name: str) -> bool:
+        asked.append(column_name)
+        return column_name != "not_yet" and has_column(conn, column_name)
+
+    storage._has_asset_key_col_on_connection = counting
+    remember_asset_key_columns(storage)
+    for n in range(5):
+        sqlite_instance.report_runless_asset_event(AssetMaterialization("noted", metadata={"n": n}))
+    assert asked == ["last_materialization_timestamp"]
+    with storage.index_connection() as conn:
+        assert not storage._has_asset_key_col_on_connection(conn, "not_yet")
+        assert not storage._has_asset_key_col_on_connection(conn, "not_yet")
+    assert asked.count("not_yet") == 2
