@@ -20,7 +20,7 @@ from resources.storage_scripts import read_migration_scripts_once
 from sensors.alerts import build_slack_alerts_sensor
 from sensors.dead_letters import dead_letter_report
 from sensors.dead_runs import build_dead_runs_sensor
-from sensors.fleet_health import fleet_health_schedule
+from sensors.fleet_health import fleet_health_every_minute
 from sensors.new_leads import build_new_lead_sensors
 from sensors.recurring import build_recurring_sensor
 
@@ -48,9 +48,9 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters, fleet_health],
         asset_checks=[build_source_health_checks(catalog)],
         jobs=[*jobs, fleet_report_job, fleet_health_job, requeue_dead_letters_job],
-        schedules=[fleet_health_schedule, build_source_health_schedule(catalog)],
+        schedules=[build_source_health_schedule(catalog)],
         sensors=[*build_new_lead_sensors(catalog, jobs), build_recurring_sensor(catalog, jobs), dead_letter_report,
-                 build_dead_runs_sensor(), *alerts],
+                 build_dead_runs_sensor(), fleet_health_every_minute, *alerts],
         resources=resources,
         # One lead per run does little work; the in-process executor halves each run's overhead.
         executor=in_process_executor,

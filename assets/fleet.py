@@ -47,14 +47,12 @@ def dead_letters(fleet: FleetResource) -> MaterializeResult:
     )
 
 
-@asset(key=HEALTH_KEY, group_name=FLEET_GROUP, kinds={"sql"})
-def fleet_health(fleet: FleetResource) -> MaterializeResult:
-    """Each source's health verdict and fleet figures, refreshed every minute by a schedule.
+def fleet_health_metadata(fleet: FleetResource) -> dict[str, object]:
+    """Each source's health verdict and fleet figures, as fleet/health's metadata.
 
-    One numeric metadata entry per source and figure (`robust/records_per_min`, ...), so the UI plots
-    each over time; a figure without a value (a rate with no requests) is left out rather than
-    plotted as 0. The verdicts and their reasons are in `health` (the same as `investigations fleet`).
-    """
+    One numeric entry per source and figure (`robust/records_per_min`, ...), so the UI plots each
+    over time; a figure without a value (a rate with no requests) is left out rather than plotted
+    as 0. The verdicts and their reasons are in `health` (the same as `investigations fleet`)."""
     store = fleet.store
     circuits = {source: state.state for source, state in Circuits(store).all_states().items()}
     figures = fleet_figures(store, fleet.catalog, circuits=circuits, data_dir=fleet.settings().data_dir)
@@ -68,11 +66,20 @@ def fleet_health(fleet: FleetResource) -> MaterializeResult:
     rows = ["| source | health | why |", "|---|---|---|"]
     rows += [f"| {f.source} | {f.health} | {f.health_reason or '-'} |" for f in figures]
     unhealthy = sorted(f.source for f in figures if f.health not in ("ok", "idle"))
-    return MaterializeResult(metadata={
+    return {
         "unhealthy": MetadataValue.json(unhealthy),
         "health": MetadataValue.md("\n".join(rows)),
         **metadata,
-    })
+    }
+
+
+@asset(key=HEALTH_KEY, group_name=FLEET_GROUP, kinds={"sql"})
+def fleet_health(fleet: FleetResource) -> MaterializeResult:
+    """Each source's health verdict and fleet figures (`fleet_health_metadata`).
+
+    The `fleet_health_every_minute` sensor reports these figures once a minute without a run;
+    materializing the asset (from the UI, say) refreshes them at once."""
+    return MaterializeResult(metadata=fleet_health_metadata(fleet))
 
 
 fleet_report_job = define_asset_job(

@@ -54,14 +54,14 @@ def test_slack_alerts_exist_only_with_a_token_which_stays_an_env_var(sandbox_env
     assert defs.resolve_schedule_def("source_health_every_5_minutes") is not None
 
 
-def test_fleet_health_is_refreshed_by_a_schedule_every_minute(sandbox_env) -> None:
-    from dagster import AssetKey, DefaultScheduleStatus
+def test_fleet_health_is_refreshed_every_minute_by_a_sensor_not_by_a_run(sandbox_env) -> None:
+    from dagster import DefaultSensorStatus
 
     defs = build_definitions(Settings.from_env())
-    schedule = defs.resolve_schedule_def("fleet_health_every_minute")
-    assert schedule.cron_schedule == "* * * * *" and schedule.default_status == DefaultScheduleStatus.RUNNING
-    job = defs.resolve_job_def(schedule.job_name)
-    assert job.asset_layer.selected_asset_keys == {AssetKey(["fleet", "health"])}
+    sensor = defs.resolve_sensor_def("fleet_health_every_minute")
+    assert sensor.minimum_interval_seconds == 60 and sensor.default_status == DefaultSensorStatus.RUNNING
+    assert not sensor.targets  # it reports fleet/health itself; no run is started
+    assert [schedule.name for schedule in defs.schedules] == ["source_health_every_5_minutes"]
 
 
 def test_the_proxy_resource_is_registered_and_is_the_one_the_fleet_collects_through(sandbox_env) -> None:

@@ -1,4 +1,5 @@
-"""End to end with a real daemon: a silently empty source is flagged where operators look, once."""
+"""End to end with a real daemon: a silently empty source is flagged where operators look (its
+partition check, Slack once, fleet/health)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import pytest
 from dagster import AssetCheckKey
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
+from assets.fleet import HEALTH_KEY
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from investigations.demo import send_case
 from investigations.leads import normalize_lead
 from sensors.alerts import INTERVAL_S
+from sensors.fleet_health import INTERVAL_S as HEALTH_INTERVAL_S
 
 pytestmark = pytest.mark.e2e
 
@@ -39,5 +42,13 @@ def test_a_silently_empty_source_fails_its_partition_check_and_slack_hears_once(
     assert message["channel"] == "#fleet-e2e" and message["authorization"] == f"Bearer {SLACK_TOKEN}"
     time.sleep(INTERVAL_S + 5)  # the sensor's next tick: the source is still silent, nothing new to say
     assert len(quiet_alerts()) == 1
+
+    def health_says_quiet_is_empty():
+        event = fleet.instance.get_latest_materialization_event(HEALTH_KEY)
+        metadata = event.asset_materialization.metadata if event else {}
+        return event if "quiet/health" in metadata and metadata["quiet/health"].value == "empty" else None
+
+    health = wait_for(health_says_quiet_is_empty, timeout_s=HEALTH_INTERVAL_S + 30, what="fleet/health: quiet empty")
+    assert health.run_id == ""  # reported by the fleet_health sensor's tick: no run was started for it
     logs = "".join(p.read_text(errors="replace") for p in fleet.logs.glob("*.log"))
     assert SLACK_TOKEN not in logs
