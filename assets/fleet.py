@@ -1,6 +1,7 @@
 """Fleet-wide assets: what the fleet knows about itself, shown where investigators already look."""
 
 from collections import Counter
+from typing import Any
 
 from dagster import AssetKey, AssetSelection, MaterializeResult, MetadataValue, asset, define_asset_job
 
@@ -47,7 +48,7 @@ def dead_letters(fleet: FleetResource) -> MaterializeResult:
     )
 
 
-def fleet_health_metadata(fleet: FleetResource) -> dict[str, object]:
+def fleet_health_metadata(fleet: FleetResource) -> dict[str, Any]:
     """Each source's health verdict and fleet figures, as fleet/health's metadata.
 
     One numeric entry per source and figure (`robust/records_per_min`, ...), so the UI plots each
@@ -56,7 +57,7 @@ def fleet_health_metadata(fleet: FleetResource) -> dict[str, object]:
     store = fleet.store
     circuits = {source: state.state for source, state in Circuits(store).all_states().items()}
     figures = fleet_figures(store, fleet.catalog, circuits=circuits, data_dir=fleet.settings().data_dir)
-    metadata: dict[str, object] = {}
+    metadata: dict[str, Any] = {}
     for f in figures:
         metadata[f"{f.source}/health"] = f.health
         for name in NUMERIC_FIGURES:
