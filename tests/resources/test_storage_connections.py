@@ -209,7 +209,7 @@ def test_a_held_sqlite_file_not_in_wal_mode_keeps_sqlite_s_default(sqlite_instan
     assert _synchronous(storage, "run-old") == 2  # FULL
 
 
-def test_a_run_asks_for_an_asset_key_column_once_and_again_while_it_is_missing(sqlite_instance) -> None:
+def test_an_asset_key_column_found_is_asked_for_once_and_a_missing_one_each_time(sqlite_instance) -> None:
     storage = sqlite_instance.event_log_storage
     asked: list[str] = []
     has_column = storage._has_asset_key_col_on_connection
