@@ -6,8 +6,9 @@ workers as its children), `dagster-daemon` on `deploy/workspace.yaml` (run queue
 webhook intake and the sandbox web, in temp dirs with free ports (`bench.fleet_process`). In front
 of the sandbox's `robust` route stands nginx `limit_req` with two zones, per client address and
 site-wide, both answering 429; in front of nginx, one tinyproxy per identity, each sending from its
-own 127.0.0.x (`bench.proxies`), so nginx sees one client per identity. The fleet's identities file lists the
-proxies; `robust` is pointed at nginx. The ceiling is min(site rate, identities x per-address rate).
+own 127.0.0.x (`bench.proxies`), so nginx sees one client per identity. The fleet's identities file
+lists the proxies; `robust` is pointed at nginx. The ceiling is min(site rate, identities x
+per-address rate).
 
 Then the user's steps, with the CLI: `investigations leads add --file leads.txt --case ...` (the
 case stays active, so recurring crawls stay on), `investigations backfill --source robust`. t0 is
