@@ -191,6 +191,8 @@ class Collector:
         collection back in the queue (circuit open, throttled too long, no identity free).
         """
         spec = self.catalog.get(source)
+        # Before anything of the lead is touched: a run that dies from here on blames this lead.
+        self.store.mark_started(source, lead_id)
         lead = self.store.get_lead(lead_id)
         if lead is None or not spec.accepts(lead.kind):
             why = "is not in the state store" if lead is None else f"is a {lead.kind} lead, which {source} does not take"

@@ -6,9 +6,12 @@ bounded amount of it. One pass decides, per source and in this order:
 1. the circuit: a resting source hands over nothing, and after its rest one collection, the probe;
    the budget: a source whose spend today reached its `daily_budget_usd` hands over no background
    work (see `investigations.cost`), interactive work still goes;
-2. interactive work: one run per lead (an investigator is waiting), within the source's
-   `max_in_flight`, bounded apart from background work so a full background backlog never holds a
-   fresh lead back;
+2. interactive work: everything ready goes out at once (an investigator is waiting), within the
+   source's `max_in_flight`, bounded apart from background work so a full background backlog never
+   holds a fresh lead back. A case's leads for one source go out together, in runs sized by the same
+   rate-and-time rule as background batches (`batch_size`): a run costs seconds of CPU to start, so
+   one run per lead ran a 300-lead case at 0.015 of its source's speed. A lone fresh lead is a run of
+   its own;
 3. background work (recurring crawls, backfills): whole batches only, at most the source's
    background runs at once (`background_runs_for`, derived from its rate), within `max_in_flight`.
    A run costs seconds of CPU to start, so handing over whatever room the last finished leads freed
@@ -32,7 +35,15 @@ from investigations.cost import over_budget, spend_today
 from investigations.pacing import Circuits, jittered_start_s
 from investigations.priority import PriorityClass
 from investigations.specs import SourceCatalog, SourceSpec
-from investigations.store import InboxItem, QueuedCollection, StateStore, utcnow
+from investigations.store import (
+    DIED_COLLECTING,
+    RUN_DIED,
+    InboxItem,
+    QueuedCollection,
+    QueueEntry,
+    StateStore,
+    utcnow,
+)
 
 # A background run collects about this much work at the source's permitted rate: long enough that a
 # run's start (seconds of CPU) is small beside it, short enough that a fresh lead's batch-mates and a
@@ -59,7 +70,8 @@ BACKGROUND_CLASSES = (PriorityClass.RECURRING.value, PriorityClass.BACKFILL.valu
 
 @dataclass(frozen=True)
 class Handover:
-    """One run to request: one lead, or a batch of one source's background leads of one class."""
+    """One run to request: one lead, or a batch of one source's leads of one class (and, for
+    interactive work, of one case)."""
 
     source: str
     priority_class: PriorityClass
@@ -72,6 +84,12 @@ class Handover:
     @property
     def is_batch(self) -> bool:
         return len(self.rows) > 1
+
+    @property
+    def case_id(self) -> str | None:
+        """The case every row was queued for, or None when they name none or several."""
+        cases = {row.case_id for row in self.rows}
+        return cases.pop() if len(cases) == 1 else None
 
     @property
     def key(self) -> str:
@@ -143,18 +161,15 @@ def wanted_sources(item: InboxItem, catalog: SourceCatalog) -> tuple[list[str], 
 
 
 def ingest(store: StateStore, items: Sequence[InboxItem], catalog: SourceCatalog) -> tuple[int, list[str]]:
-    """Queue every inbox row once per wanted source (idempotent by inbox row)."""
-    queued, notes = 0, list[str]()
+    """Queue every inbox row once per wanted source (idempotent by inbox row), all in one transaction:
+    a case of hundreds of leads is queued at once, so its leads go out together."""
+    entries, notes = list[QueueEntry](), list[str]()
     for item in items:
         names, skipped = wanted_sources(item, catalog)
-        queued += store.enqueue(
-            [(name, item.lead.id) for name in names],
-            origin=f"inbox:{item.id}",
-            priority_class=item.priority_class,
-            case_id=item.case_id,
-        )
+        entries.extend(QueueEntry(name, item.lead.id, f"inbox:{item.id}", item.priority_class, item.case_id)
+                       for name in names)
         notes.extend(f"inbox row {item.id} lead {item.lead.id}: skipped {reason}" for reason in skipped)
-    return queued, notes
+    return store.enqueue_each(entries), notes
 
 
 def batch_size(spec: SourceSpec) -> int:
@@ -208,20 +223,30 @@ def background_take(spec: SourceSpec, *, in_flight: int, ready: int, runs_in_fli
 
 
 def batches(spec: SourceSpec, rows: Sequence[QueuedCollection], order: Callable[[str], int]) -> list[Handover]:
-    """Interactive rows one lead each; background rows in batches of `batch_size` per class, in
-    `order` (the caller's order of leads, so a batch spans few others). A batch of one is a single."""
-    handovers = [Handover(spec.name, PriorityClass.INTERACTIVE, (row,))
-                 for row in rows if row.priority_class == PriorityClass.INTERACTIVE]
-    by_class: dict[str, list[QueuedCollection]] = {}
+    """Rows in runs of at most `batch_size`: interactive rows per case, first (in queue order, so a
+    case's leads go out as it sent them); background rows per class, in `order` (the caller's order
+    of leads, so a batch spans few others); a row whose last run died, alone. A batch of one is a
+    single."""
+    groups: dict[tuple[str, str | None], list[QueuedCollection]] = {}
+    alone: list[QueuedCollection] = []
     for row in rows:
-        if row.priority_class != PriorityClass.INTERACTIVE:
-            by_class.setdefault(row.priority_class, []).append(row)
+        if row.outcome == DIED_COLLECTING:
+            # Its last run died while collecting it: it may be what kills a worker, so it goes alone.
+            alone.append(row)
+            continue
+        interactive = row.priority_class == PriorityClass.INTERACTIVE
+        groups.setdefault((row.priority_class, row.case_id if interactive else None), []).append(row)
     size = batch_size(spec)
-    for priority_class, members in by_class.items():
-        members.sort(key=lambda row: order(row.lead_id))
+    handovers = [Handover(spec.name, PriorityClass(row.priority_class), (row,)) for row in alone]
+    for (priority_class, _case), members in groups.items():
+        if priority_class == PriorityClass.INTERACTIVE:
+            members.sort(key=lambda row: row.id)
+        else:
+            members.sort(key=lambda row: order(row.lead_id))
         for start in range(0, len(members), size):
             handovers.append(Handover(spec.name, PriorityClass(priority_class), tuple(members[start:start + size])))
-    return handovers
+    # Interactive first: an investigator is waiting on them (`sorted` keeps the order within each).
+    return sorted(handovers, key=lambda handover: handover.priority_class != PriorityClass.INTERACTIVE)
 
 
 def plan_dispatch(
@@ -268,21 +293,22 @@ def plan_dispatch(
                                    classes=None if background_ready else [PriorityClass.INTERACTIVE.value])
             plan.handovers.extend(batches(spec, probe, order))
             continue
-        rows = store.dispatch(spec.name, limit=min(spec.max_in_flight - depth["dispatched_interactive"], runs_left),
+        rows = store.dispatch(spec.name, limit=min(spec.max_in_flight - depth["dispatched_interactive"],
+                                                   runs_left * batch_size(spec)),
                               now=now, classes=[PriorityClass.INTERACTIVE.value])
         if depth["ready_interactive"] > len(rows):
             plan.reasons.append(
                 f"{spec.name}: {depth['dispatched_interactive'] + len(rows)} interactive collections in flight "
                 f"(max_in_flight {spec.max_in_flight}); {depth['ready_interactive'] - len(rows)} wait in the backlog"
             )
-        handed: list[QueuedCollection] = []
+        interactive = batches(spec, rows, order)
+        plan.handovers.extend(interactive)
         if background_ready:
             in_flight = depth["dispatched"] - depth["dispatched_interactive"]
             runs_in_flight = background_runs(spec.name)
             room = background_take(spec, in_flight=in_flight, ready=background_ready, runs_in_flight=runs_in_flight)
-            room = min(room, (runs_left - len(rows)) * batch_size(spec))
-            if room > 0:
-                handed = store.dispatch(spec.name, limit=room, now=now, classes=list(BACKGROUND_CLASSES))
+            room = min(room, (runs_left - len(interactive)) * batch_size(spec))
+            handed = store.dispatch(spec.name, limit=room, now=now, classes=list(BACKGROUND_CLASSES))
             if background_ready > len(handed):
                 plan.reasons.append(
                     f"{spec.name}: {in_flight + len(handed)} background collections in flight in "
@@ -290,7 +316,7 @@ def plan_dispatch(
                     f"{background_runs_for(spec)} batch(es) of {batch_size(spec)}, the next once at most "
                     f"{overlap_leads(spec)} are left in flight); {background_ready - len(handed)} wait in the backlog"
                 )
-        plan.handovers.extend(batches(spec, rows + handed, order))
+            plan.handovers.extend(batches(spec, handed, order))
     return plan
 
 
@@ -401,13 +427,23 @@ def release_dead_run(store: StateStore, handover_key: str, *, why: str, now: dat
                      ) -> tuple[int, list[QueuedCollection]]:
     """A run that ended without collecting what it was handed (its worker killed, stuck and
     stopped, terminated) gives those rows back: each goes back to the queue, to be handed over again
-    under a new run key, unless its runs died MAX_RUN_DEATHS times, when it becomes a dead letter
-    (`crashed`) that a human can requeue. Rows the run finished or parked are not touched. Returns
-    how many were requeued, and the rows dead-lettered."""
+    under a new run key. Rows the run finished or parked are not touched. Returns how many were
+    requeued, and the rows dead-lettered.
+
+    Only a lead the run was collecting when it died can have killed it: one it still owes and had
+    begun (`StateStore.mark_started`). Those count the death, and one whose runs died
+    MAX_RUN_DEATHS times becomes a dead letter (`crashed`) that a human can requeue; their
+    batch-mates go back uncounted, so a lead that kills its worker never takes a batch down with it
+    (and `batches` hands a lead whose run died over alone). When the run had begun none of them
+    (killed at launch), each counts the death, as a lone lead's run does."""
     now = now or utcnow()
     rows = store.handover_rows(handover_key)
-    spent = [row for row in rows if row.run_deaths + 1 >= MAX_RUN_DEATHS]
-    requeued = store.requeue_after_run_death([row.id for row in rows if row not in spent])
+    begun = [row for row in rows if row.started_at is not None]
+    blamed = begun or rows
+    spent = [row for row in blamed if row.run_deaths + 1 >= MAX_RUN_DEATHS]
+    requeued = store.requeue_after_run_death([row.id for row in blamed if row not in spent],
+                                             outcome=DIED_COLLECTING if begun else RUN_DIED)
+    requeued += store.requeue_after_run_death([row.id for row in rows if row not in blamed], deaths=0)
     for row in spent:
         store.put_dead_letter(source=row.source, lead_id=row.lead_id, reason_group="crashed", last_status=None,
                               attempts=row.run_deaths + 1,

@@ -60,8 +60,10 @@ from sensors.lead_partitions import ensure_partitions, sync_lead_partitions
 from sensors.pools import sync_pool_limits
 
 NEW_LEAD_SENSOR = "new_leads"
-# Caps one tick's work: Dagster creates ~10 runs/s from one tick, and a tick has 60 s to finish.
-MAX_INBOX_ROWS_PER_TICK = 200
+# Caps one tick's work: Dagster creates ~10 runs/s from one tick, and a tick has 60 s to finish. The
+# inbox rows of a tick are queued in one transaction and go out as few runs per source and case, so a
+# case of up to this many leads is handed over at once rather than over several sensor loops.
+MAX_INBOX_ROWS_PER_TICK = 1000
 MAX_RUNS_PER_TICK = 100
 # The daemon evaluates sensors in a loop of at least 5 s. Asking for 5 s aliases to every other loop
 # (10 s; measured: ticks 9.98 s apart at the median), because a loop starts a hair under 5 s after
@@ -85,6 +87,8 @@ IN_FLIGHT_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, Dag
 
 # A run tag names the lead as an investigator types it (`domain:example.com`), cut to this length.
 LEAD_TAG_MAX = 200
+# Every run of a case carries it, so the Runs page filtered by the case shows the case's runs.
+CASE_TAG = "investigations/case"
 
 
 def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSpec,
@@ -98,14 +102,14 @@ def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSp
     tags = {**run_tags(handover.priority_class), "investigations/source": handover.source,
             "investigations/origin": handover.rows[0].origin, HANDOVER_TAG: handover.key,
             "dagster/max_runtime": str(max_runtime_s(spec, len(handover.rows)))}
+    if handover.case_id:
+        tags[CASE_TAG] = handover.case_id
     if not handover.is_batch:
         row = handover.rows[0]
         tags["investigations/lead_id"] = row.lead_id
         if lead is not None:
             # The partition key is a hash; this tag lets the Runs page be filtered by the lead itself.
             tags["investigations/lead"] = f"{lead.kind}:{lead.value}"[:LEAD_TAG_MAX]
-        if row.case_id:
-            tags["investigations/case_id"] = row.case_id
         return RunRequest(job_name=job_name(handover.source), partition_key=row.lead_id, run_key=handover.key,
                           tags=tags)
     leads = sorted(handover.lead_ids, key=lambda lead: order[lead])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Connection, case, func, select
 
@@ -14,6 +14,10 @@ from investigations.store.sql import Tables, insert_new, utcnow
 
 # What `queue_depths` counts per source (waiting: queued with a not_before still ahead).
 QUEUE_DEPTH_KEYS = ("ready", "waiting", "dispatched", "ready_interactive", "dispatched_interactive")
+# A row's outcome when its run died: while it was being collected (so it may be what killed the run),
+# or before the run had begun it.
+DIED_COLLECTING = "died_collecting"
+RUN_DIED = "run_died"
 # Interactive work first, then recurring, then backfill; the queue sorts on this rank.
 PRIORITY_RANK = {"interactive": 0, "recurring": 1, "backfill": 2}
 
@@ -35,7 +39,19 @@ class QueuedCollection:
     enqueued_at: datetime
     dispatched_at: datetime | None
     run_deaths: int = 0
+    started_at: datetime | None = None
+    outcome: str | None = None  # of its last dispatch: parked, RUN_DIED, DIED_COLLECTING, ...
 
+
+
+class QueueEntry(NamedTuple):
+    """One collection to queue: the source, the lead, and where the request came from."""
+
+    source: str
+    lead_id: str
+    origin: str
+    priority_class: str
+    case_id: str | None = None
 
 
 class QueueTables(Tables):
@@ -55,19 +71,26 @@ class QueueTables(Tables):
 
         The origin makes it idempotent: the same inbox row or requeue request queued twice is one row.
         """
+        return self.enqueue_each([QueueEntry(source, lead_id, origin, priority_class, case_id)
+                                  for source, lead_id in items], not_before=not_before, now=now)
+
+    def enqueue_each(self, entries: Iterable[QueueEntry], *, not_before: datetime | None = None,
+                     now: datetime | None = None) -> int:
+        """Queue entries of several origins in one transaction (a tick's inbox rows); each is queued
+        once per (source, lead, origin), as `enqueue` does. Returns how many were new."""
         now = now or utcnow()
         rows = [
             {
-                "source": source,
-                "lead_id": lead_id,
-                "origin": origin,
-                "priority_class": priority_class,
-                "case_id": case_id,
+                "source": entry.source,
+                "lead_id": entry.lead_id,
+                "origin": entry.origin,
+                "priority_class": entry.priority_class,
+                "case_id": entry.case_id,
                 "state": "queued",
                 "not_before": not_before or now,
                 "enqueued_at": now,
             }
-            for source, lead_id in dict.fromkeys(items)
+            for entry in dict.fromkeys(entries)
         ]
         if not rows:
             return 0
@@ -136,9 +159,9 @@ class QueueTables(Tables):
             if picked:
                 conn.execute(
                     q.update().where(q.c.id.in_([row["id"] for row in picked]))
-                    .values(state="dispatched", dispatched_at=now, handover_key=None)
+                    .values(state="dispatched", dispatched_at=now, handover_key=None, started_at=None)
                 )
-        return [_queued({**row, "state": "dispatched", "dispatched_at": now}) for row in picked]
+        return [_queued({**row, "state": "dispatched", "dispatched_at": now, "started_at": None}) for row in picked]
 
     def assign_handover(self, row_ids: Sequence[int], *, handover_key: str) -> None:
         """Name the run that dispatched rows go out in (see `handover_leads`)."""
@@ -160,14 +183,24 @@ class QueueTables(Tables):
         with self.engine.begin() as conn:
             return [_queued(dict(row)) for row in conn.execute(query).mappings()]
 
-    def requeue_after_run_death(self, row_ids: Sequence[int]) -> int:
-        """Dispatched rows whose run died go back to the queue, ready now, one more death counted."""
+    def mark_started(self, source: str, lead_id: str, *, now: datetime | None = None) -> None:
+        """Record that a run began collecting (source, lead): if the run dies now, this row is one it
+        may have died of (see `investigations.dispatch.release_dead_run`)."""
+        q = s.collection_queue
+        with self.engine.begin() as conn:
+            conn.execute(q.update().where(q.c.source == source, q.c.lead_id == lead_id, q.c.state == "dispatched")
+                         .values(started_at=now or utcnow()))
+
+    def requeue_after_run_death(self, row_ids: Sequence[int], *, deaths: int = 1, outcome: str = RUN_DIED) -> int:
+        """Dispatched rows whose run died go back to the queue, ready now, `deaths` more run deaths
+        counted, with the `outcome` that says how (RUN_DIED, or DIED_COLLECTING: it was being
+        collected when its run died)."""
         q = s.collection_queue
         with self.engine.begin() as conn:
             result = conn.execute(
                 q.update().where(q.c.id.in_(list(row_ids)), q.c.state == "dispatched")
-                .values(state="queued", dispatched_at=None, handover_key=None, outcome="run_died",
-                        run_deaths=q.c.run_deaths + 1)
+                .values(state="queued", dispatched_at=None, handover_key=None, started_at=None, outcome=outcome,
+                        run_deaths=q.c.run_deaths + deaths)
             )
         return result.rowcount
 
@@ -185,7 +218,8 @@ class QueueTables(Tables):
             result = conn.execute(
                 q.update()
                 .where(q.c.source == source, q.c.lead_id == lead_id, q.c.state == "dispatched")
-                .values(state="queued", not_before=until, dispatched_at=None, handover_key=None, outcome="parked",
+                .values(state="queued", not_before=until, dispatched_at=None, handover_key=None, started_at=None,
+                        outcome="parked",
                         park_reason=reason[:500] if reason else None)
             )
         return result.rowcount
@@ -209,7 +243,7 @@ class QueueTables(Tables):
             result = conn.execute(
                 q.update()
                 .where(q.c.state == "dispatched", q.c.dispatched_at < older_than)
-                .values(state="queued", dispatched_at=None, handover_key=None)
+                .values(state="queued", dispatched_at=None, handover_key=None, started_at=None)
             )
         return result.rowcount
 
@@ -233,7 +267,7 @@ class QueueTables(Tables):
         with self.engine.begin() as conn:
             result = conn.execute(
                 q.update().where(q.c.state == "dispatched", q.c.dispatched_at < dispatched_before, orphaned)
-                .values(state="queued", dispatched_at=None, handover_key=None)
+                .values(state="queued", dispatched_at=None, handover_key=None, started_at=None)
             )
         return result.rowcount
 

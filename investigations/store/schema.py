@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -216,6 +216,9 @@ collection_queue = Table(
     Column("run_deaths", Integer, nullable=False, server_default="0"),
     # Why a parked collection waits (the limiter refused, a full lane, no identity).
     Column("park_reason", Text, nullable=True),
+    # Version 8: when the run it went out in began collecting it (None: not yet). A run that dies
+    # blames only the rows it had begun: one of those is what may have killed it.
+    Column("started_at", UTCDateTime, nullable=True),
     UniqueConstraint("source", "lead_id", "origin", name="uq_queue_source_lead_origin"),
     Index("ix_queue_source_state", "source", "state", "not_before"),
     Index("ix_queue_handover_key", "handover_key"),

@@ -18,10 +18,17 @@ from investigations.store.engine import make_engine
 from investigations.store.fetchlog import FetchLogTables
 from investigations.store.leads import AcceptResult, InboxItem, LeadTables
 from investigations.store.migrations import migrate
-from investigations.store.queue import QUEUE_DEPTH_KEYS, QueuedCollection, QueueTables
+from investigations.store.queue import (
+    DIED_COLLECTING,
+    QUEUE_DEPTH_KEYS,
+    RUN_DIED,
+    QueuedCollection,
+    QueueEntry,
+    QueueTables,
+)
 from investigations.store.sql import utcnow
 
-__all__ = ["QUEUE_DEPTH_KEYS", "AcceptResult", "Collection", "DeadLetter", "InboxItem", "QueuedCollection",
+__all__ = ["DIED_COLLECTING", "QUEUE_DEPTH_KEYS", "RUN_DIED", "AcceptResult", "Collection", "DeadLetter", "InboxItem", "QueueEntry", "QueuedCollection",
            "StateStore", "utcnow"]
 
 

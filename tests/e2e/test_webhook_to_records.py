@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
-from dagster import DagsterRunStatus, RunsFilter
+from dagster import AssetCheckKey, DagsterRunStatus, RunsFilter
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
+from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from investigations.demo import send_case
 from investigations.leads import normalize_lead
 from investigations.records import RecordStore
 from investigations.store import StateStore
+from sensors.new_leads import CASE_TAG
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +29,7 @@ def _runs_for(instance, lead_ids):
     return [r for r in runs if r.tags.get("investigations/lead_id") in lead_ids]
 
 
-def test_signed_webhook_leads_to_successful_runs_and_parquet_files(fleet) -> None:
+def test_a_signed_case_goes_out_as_one_run_whose_leads_each_get_a_materialization_and_check(fleet) -> None:
     from tests.e2e.conftest import SECRET, wait_for
 
     lead_ids = {normalize_lead(item["kind"], item["value"]).id for item in LEADS}
@@ -34,12 +37,19 @@ def test_signed_webhook_leads_to_successful_runs_and_parquet_files(fleet) -> Non
                        webhook_id="msg_e2e_1")
     assert answer.status_code == 202, answer.text
     instance = fleet.instance
-    runs = wait_for(
-        lambda: (rs := _runs_for(instance, lead_ids)) and len(rs) == 3 and all(r.status in FINISHED for r in rs) and rs,
-        timeout_s=150, what="three finished robust runs",
+    case_runs = RunsFilter(tags={CASE_TAG: "case-e2e", "investigations/source": "robust"})
+    (run,) = wait_for(
+        lambda: (rs := instance.get_runs(case_runs)) and all(r.status in FINISHED for r in rs) and rs,
+        timeout_s=150, what="the case's finished robust run",
     )
-    assert {r.status for r in runs} == {DagsterRunStatus.SUCCESS}
-    assert all(r.tags["dagster/priority"] == "100" for r in runs)
+    assert run.status == DagsterRunStatus.SUCCESS
+    assert run.tags["dagster/priority"] == "100" and run.tags["investigations/batch_size"] == "3"
+    key = source_asset_key("robust")
+    assert instance.get_materialized_partitions(key) >= lead_ids
+    checks = instance.event_log_storage.get_asset_check_partition_info([AssetCheckKey(key, EMPTY_CHECK_NAME)])
+    passed = {info.partition_key for info in checks
+              if info.is_current and info.latest_execution_status == AssetCheckExecutionRecordStatus.SUCCEEDED}
+    assert passed >= lead_ids
     records = RecordStore(fleet.data_dir / "records")
     for lead_id in lead_ids:
         table = records.read("robust", lead_id)

@@ -138,6 +138,31 @@ def test_background_work_is_handed_over_in_batches_in_the_caller_s_lead_order(wo
     assert batch.lead_ids == leads[1:6]
 
 
+def test_a_case_s_interactive_leads_go_out_together_per_case_before_background_work(world) -> None:
+    catalog, store = world
+    store.enqueue([("robust", "domain-bulk")], origin="backfill:1", priority_class="backfill", now=NOW)
+    store.enqueue([("robust", f"domain-a{i}") for i in range(3)], origin="inbox:1", priority_class="interactive",
+                  case_id="case-a", now=NOW)
+    store.enqueue([("robust", "domain-b")], origin="inbox:2", priority_class="interactive", case_id="case-b", now=NOW)
+    handovers = plan_dispatch(store, catalog, max_runs=50, now=NOW).handovers
+    assert [(h.priority_class.value, h.case_id, h.lead_ids) for h in handovers] == [
+        ("interactive", "case-a", ["domain-a0", "domain-a1", "domain-a2"]),  # as the case sent them
+        ("interactive", "case-b", ["domain-b"]),  # a lone fresh lead: a run of its own, at once
+        ("backfill", None, ["domain-bulk"]),
+    ]
+
+
+@pytest.mark.parametrize(("leads", "runs"), [(1, 1), (135, 1), (136, 2), (300, 3)])
+def test_interactive_runs_are_sized_by_the_source_rate(world, leads, runs) -> None:
+    catalog, store = world
+    spec = catalog.get("fragile")  # 1.5/s: 135-lead runs, as its background batches
+    store.enqueue([("fragile", f"domain-{i}") for i in range(leads)], origin="inbox:1",
+                  priority_class="interactive", case_id="c", now=NOW)
+    handovers = plan_dispatch(store, catalog, max_runs=50, now=NOW).handovers
+    assert len(handovers) == runs and max(len(h.rows) for h in handovers) <= batch_size(spec)
+    assert sum(len(h.rows) for h in handovers) == leads
+
+
 def test_a_handover_again_gets_a_new_key(world) -> None:
     catalog, store = world
     store.enqueue([("robust", "domain-1")], origin="inbox:1", priority_class="interactive", now=NOW)
@@ -370,6 +395,44 @@ def test_a_lead_whose_runs_keep_dying_becomes_a_crashed_dead_letter(world) -> No
     (letter,) = store.dead_letters(source="robust")
     assert letter.reason_group == "crashed" and letter.attempts == MAX_RUN_DEATHS and "r3 FAILURE" in letter.last_error
     assert store.queue_depths(now=NOW).get("robust", {}).get("ready", 0) == 0
+
+
+def test_only_the_lead_a_dead_batch_was_collecting_counts_the_death_and_goes_out_alone(world) -> None:
+    catalog, store = world
+    key = _handed_over(store, ["domain-1", "domain-2", "domain-3", "domain-4"])
+    store.mark_started("robust", "domain-1", now=NOW)
+    store.finish_dispatched("robust", "domain-1", outcome="ok", now=NOW)
+    store.mark_started("robust", "domain-3", now=NOW)  # being collected when the worker died
+    assert release_dead_run(store, key, why="run r1 FAILURE", now=NOW) == (3, [])
+    handovers = plan_dispatch(store, catalog, max_runs=10, now=NOW + timedelta(seconds=2)).handovers
+    assert sorted((h.lead_ids, h.rows[0].run_deaths) for h in handovers) == [
+        (["domain-2", "domain-4"], 0),  # its batch-mates: no death counted, still a batch
+        (["domain-3"], 1),  # the suspect, alone: if it kills its worker again, it dies alone
+    ]
+
+
+def test_a_lead_that_keeps_killing_its_batch_becomes_a_dead_letter_alone(world) -> None:
+    _, store = world
+    mates = ["domain-1", "domain-2", "domain-3"]
+    key = _handed_over(store, ["domain-0", *mates])
+    for death in range(1, MAX_RUN_DEATHS + 1):
+        store.mark_started("robust", "domain-0", now=NOW)
+        requeued, spent = release_dead_run(store, key, why=f"run r{death} FAILURE", now=NOW)
+        if death < MAX_RUN_DEATHS:
+            rows = store.dispatch("robust", limit=5, now=NOW)
+            store.assign_handover([row.id for row in rows], handover_key=key)
+    assert [row.lead_id for row in spent] == ["domain-0"] and requeued == len(mates)
+    assert [letter.lead_id for letter in store.dead_letters(source="robust")] == ["domain-0"]
+    assert sorted(row.lead_id for row in store.dispatch("robust", limit=5, now=NOW)) == mates
+    assert all(row.run_deaths == 0 for row in store.dispatch("robust", limit=5, now=NOW))
+
+
+def test_a_batch_killed_before_it_began_any_lead_counts_the_death_against_each_and_stays_a_batch(world) -> None:
+    catalog, store = world
+    key = _handed_over(store, ["domain-1", "domain-2"])
+    assert release_dead_run(store, key, why="run r1 FAILURE", now=NOW) == (2, [])
+    (again,) = plan_dispatch(store, catalog, max_runs=10, now=NOW).handovers
+    assert again.lead_ids == ["domain-1", "domain-2"] and {row.run_deaths for row in again.rows} == {1}
 
 
 def test_rows_claimed_by_a_tick_whose_run_was_never_created_go_back_after_the_orphan_delay(world) -> None:

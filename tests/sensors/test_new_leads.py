@@ -10,13 +10,13 @@ from dagster import DagsterInstance, build_sensor_context
 
 from assets.jobs import build_source_job
 from assets.naming import job_name, pool_name
-from investigations.dispatch import background_runs_for, ingest
+from investigations.dispatch import background_runs_for, batch_size, ingest
 from investigations.leads import normalize_lead
 from investigations.priority import DAGSTER_PRIORITY, HANDOVER_TAG, PRIORITY_CLASS_TAG, PriorityClass
 from investigations.specs import load_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
-from sensors.new_leads import build_new_lead_sensor, build_new_lead_sensors, has_turn, read_cursor
+from sensors.new_leads import CASE_TAG, build_new_lead_sensor, build_new_lead_sensors, has_turn, read_cursor
 from tests.fakes import FakeTime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,17 +55,44 @@ def _accept(store, values, *, webhook, sources=("robust", "flaky"), priority="in
     return leads
 
 
-def test_inbox_rows_become_partitions_and_one_run_per_wanted_source(world) -> None:
+def _handed_leads(store, requests) -> list[str]:
+    """The leads the requested runs still owe, from their handovers in the fleet's queue."""
+    return sorted(lead for request in requests for lead in store.handover_leads(request.tags[HANDOVER_TAG]))
+
+
+def test_a_delivery_s_leads_become_partitions_and_one_run_per_wanted_source(world) -> None:
     _, store, sensor, instance = world
     leads = _accept(store, ["example.com", "example.org"], webhook="w1")
     result = _evaluate(sensor, instance)
-    assert sorted(result.dynamic_partitions_requests[0].partition_keys) == sorted(lead.id for lead in leads)
-    pairs = sorted((r.job_name, r.partition_key) for r in result.run_requests)
-    assert pairs == sorted((job_name(s), lead.id) for s in ("robust", "flaky") for lead in leads)
-    request = result.run_requests[0]
-    assert request.tags["dagster/priority"] == str(DAGSTER_PRIORITY[PriorityClass.INTERACTIVE])
-    assert request.tags[PRIORITY_CLASS_TAG] == "interactive"
+    assert sorted(instance.get_dynamic_partitions("leads")) == sorted(lead.id for lead in leads)
+    assert sorted(r.job_name for r in result.run_requests) == sorted(job_name(s) for s in ("robust", "flaky"))
+    for request in result.run_requests:
+        assert request.tags["dagster/priority"] == str(DAGSTER_PRIORITY[PriorityClass.INTERACTIVE])
+        assert request.tags[PRIORITY_CLASS_TAG] == "interactive"
+        assert request.tags[CASE_TAG] == "c1"
+        assert sorted(store.handover_leads(request.tags[HANDOVER_TAG])) == sorted(lead.id for lead in leads)
     assert read_cursor(result.cursor)[0] == store.inbox_after(0, limit=10)[-1].id
+
+
+def test_a_case_of_hundreds_of_leads_goes_out_in_runs_sized_by_the_source_rate(world) -> None:
+    catalog, store, sensor, instance = world
+    spec = catalog.get("fragile")  # 1.5/s: 135-lead batches
+    leads = _accept(store, [f"lead{i}.example" for i in range(300)], webhook="big", sources=["fragile"])
+    requests = _evaluate(sensor, instance).run_requests
+    sizes = sorted(len(store.handover_leads(r.tags[HANDOVER_TAG])) for r in requests)
+    assert sizes == [300 - 2 * batch_size(spec), batch_size(spec), batch_size(spec)]
+    assert {r.tags[CASE_TAG] for r in requests} == {"c1"}
+    handed = [lead for r in requests for lead in store.handover_leads(r.tags[HANDOVER_TAG])]
+    assert sorted(handed) == sorted(lead.id for lead in leads)
+
+
+def test_two_cases_in_one_tick_go_out_in_runs_of_their_own(world) -> None:
+    _, store, sensor, instance = world
+    _accept(store, ["a.example"], webhook="w1", sources=["flaky"])
+    store.accept_leads(webhook_id="w2", case_id="c2", leads=[normalize_lead("domain", "b.example")],
+                       sources=["flaky"], priority_class="interactive")
+    requests = _evaluate(sensor, instance).run_requests
+    assert sorted(r.tags[CASE_TAG] for r in requests) == ["c1", "c2"]
 
 
 def test_an_interactive_run_names_its_lead_by_kind_and_value_in_a_tag(world) -> None:
@@ -182,7 +209,7 @@ def test_a_waiting_tick_sleeps_through_the_other_turn_s_lead_and_wakes_for_its_o
     fake = FakeTime(leads_arrive)
     result = _evaluate(_waiting_sensor(catalog, fake, turn=(start + 2) % 2, turns=2), instance, cursor=str(start))
     assert len(fake.slept) == 6  # it did not return on the other turn's row
-    assert sorted(r.partition_key for r in result.run_requests) == sorted(lead.id for lead in arrived)
+    assert _handed_leads(store, result.run_requests) == sorted(lead.id for lead in arrived)
 
 
 def test_a_tick_whose_lead_another_sensor_took_waits_on(world) -> None:
@@ -242,14 +269,14 @@ def test_backpressure_holds_work_in_the_backlog_and_says_why(world) -> None:
     _, store, sensor, instance = world
     leads = _accept(store, [f"lead{i}.example" for i in range(5)], webhook="w1", sources=["robust"])
     first = _evaluate(sensor, instance)
-    assert len(first.run_requests) == 2
+    assert len(_handed_leads(store, first.run_requests)) == 2  # robust's max_in_flight here
     held = _evaluate(sensor, instance, cursor=first.cursor)
     assert not held.run_requests
     assert "max_in_flight 2" in held.skip_reason.skip_message and "3 wait in the backlog" in held.skip_reason.skip_message
-    store.finish_dispatched("robust", first.run_requests[0].partition_key, outcome="ok")
+    store.finish_dispatched("robust", _handed_leads(store, first.run_requests)[0], outcome="ok")
     freed = _evaluate(sensor, instance, cursor=first.cursor)
-    assert len(freed.run_requests) == 1
-    assert {r.partition_key for r in first.run_requests + freed.run_requests} < {lead.id for lead in leads}
+    assert len(_handed_leads(store, freed.run_requests)) == 1
+    assert set(_handed_leads(store, first.run_requests + freed.run_requests)) < {lead.id for lead in leads}
 
 
 def test_interactive_work_is_dispatched_before_queued_backfill(world) -> None:
