@@ -20,11 +20,14 @@ import random
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
+import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from multiprocessing.sharedctypes import Synchronized
@@ -515,6 +518,36 @@ def pg_admin(sql: str, *, server: str = POSTGRES_URL) -> None:
             conn.execute(text(sql))
     finally:
         engine.dispose()
+
+
+@contextmanager
+def bench_workdir(prefix: str, *, keep: bool) -> Iterator[Path]:
+    """A temp dir for a bench's fleets, removed afterwards unless `keep` (then its path is printed)."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield workdir
+    finally:
+        if keep:
+            print(f"temp dirs kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
+def fresh_databases(prefix: str, *, wanted: bool) -> Iterator[list[str]]:
+    """Two fresh databases on the bench's Postgres server, the state store's and Dagster's storage's
+    (in that order), dropped afterwards; none when not `wanted` (a SQLite fleet)."""
+    databases: list[str] = []
+    try:
+        if wanted:
+            stamp = f"{int(time.time())}_{uuid.uuid4().hex[:6]}"
+            for db in (f"{prefix}_{stamp}_state", f"{prefix}_{stamp}_dagster"):
+                pg_admin(f'CREATE DATABASE "{db}"')
+                databases.append(db)
+        yield databases
+    finally:
+        for db in databases:
+            pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
 
 def pg_server_pid(*, server: str = POSTGRES_URL) -> int | None:

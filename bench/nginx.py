@@ -4,8 +4,12 @@ The bench writes a config into a temp dir and runs nginx in the foreground (`dae
 with `master_process off`, so it runs as the current user and one pid stops it), with its pid, logs and
 temp paths in that dir. One `server` per limiter, each with its own zone, so fleets measured side by
 side never share a bucket; a limiter may add a site-wide zone (one bucket for every client) on top of
-the per-address one. Rejections answer 429 (`limit_req_status`); every limited request is logged as
-`$msec $status $remote_addr`, the limiter's own count of what it admitted and refused. nginx tells
+the per-address one. A limiter's rates are in requests per second and need not be whole: nginx takes
+whole rates only, per second or per minute, so a whole rate is written `Nr/s` and another `Nr/m`
+(1.5 r/s is `90r/m`; `nginx_rate`), and a rate that is neither is refused when the `Limiter` is
+made. Rejections answer 429 (`limit_req_status`); every limited request is logged as
+`$msec $status $remote_addr $request_time $request_uri`, the limiter's own count of what it admitted
+and refused, and which URL each asked for and when it arrived (`request_rows`). nginx tells
 the sandbox each client's address (`X-Forwarded-For`, which uvicorn trusts from loopback); a limiter
 with `pass_refusals` also hands each refusal on to the sandbox (`error_page 429` to a location that
 proxies it with `X-Limiter-Refused`), so the sandbox's ban rules see what nginx refused.
@@ -18,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -36,18 +41,62 @@ def find_nginx() -> str | None:
     return find_tool("nginx", "/usr/sbin/nginx", "/usr/local/sbin/nginx")
 
 
+def nginx_rate(rate_per_s: float) -> str:
+    """A rate as nginx's `limit_req_zone` takes it: whole requests per second (`5r/s`), else whole
+    requests per minute (1.5 r/s -> `90r/m`); ValueError for a rate that is neither (0.01 r/s, 1/7 r/s)."""
+    if not rate_per_s > 0:
+        raise ValueError(f"nginx rate {rate_per_s!r}: a rate must be above 0")
+    for rate, unit in ((rate_per_s, "s"), (rate_per_s * 60, "m")):
+        whole = round(rate)
+        if whole >= 1 and abs(rate - whole) <= 1e-9 * max(1.0, rate):
+            return f"{whole}r/{unit}"
+    raise ValueError(f"nginx rate {rate_per_s:g} r/s is not a whole number of requests per second or per minute")
+
+
 @dataclass(frozen=True)
 class Limiter:
-    """One limited entry point: `rate=<rate_per_s>r/s burst=<burst> nodelay`, keyed by client address,
-    and with `site_rate_per_s` also a site-wide zone (`rate=<site_rate_per_s>r/s burst=<site_burst>`,
-    one bucket for every client): a request passes only when both admit it."""
+    """One limited entry point: `rate=<rate_per_s> burst=<burst> nodelay`, keyed by client address,
+    and with `site_rate_per_s` also a site-wide zone (`rate=<site_rate_per_s> burst=<site_burst>`,
+    one bucket for every client): a request passes only when both admit it. Rates are in requests
+    per second, whole or not; each is written as nginx takes it (`nginx_rate`: 5 -> `5r/s`,
+    1.5 -> `90r/m`), and a rate nginx cannot take raises ValueError here."""
 
     name: str
-    rate_per_s: int
+    rate_per_s: float
     burst: int
-    site_rate_per_s: int | None = None
+    site_rate_per_s: float | None = None
     site_burst: int = 0
     pass_refusals: bool = False  # refusals go on to the sandbox, which counts them and answers the 429
+
+    def __post_init__(self) -> None:
+        nginx_rate(self.rate_per_s)
+        if self.site_rate_per_s:
+            nginx_rate(self.site_rate_per_s)
+
+
+class LogRow(NamedTuple):
+    """One limited request as nginx logged it (`LOG_FORMAT`)."""
+
+    at: float  # $msec: when nginx logged it (its answer sent), epoch seconds
+    status: int  # 429 when a zone refused it
+    address: str  # the client address nginx saw
+    request_s: float  # $request_time: from its first byte read to the log; `at - request_s` is its arrival
+    uri: str  # $request_uri: the path and query the client asked for
+
+    @property
+    def arrived(self) -> float:
+        """When the request reached nginx, epoch seconds."""
+        return self.at - self.request_s
+
+
+# The URI last: it is the only field that might hold a space.
+LOG_FORMAT = "$msec $status $remote_addr $request_time $request_uri"
+
+
+def parse_log_line(line: str) -> LogRow:
+    """One line of `LOG_FORMAT`."""
+    at, status, address, request_s, uri = line.split(" ", 4)
+    return LogRow(float(at), int(status), address, float(request_s), uri)
 
 
 _PROXY_HEADERS = 'proxy_set_header Connection ""; proxy_set_header X-Forwarded-For $remote_addr;'
@@ -74,11 +123,11 @@ def _refusals(workdir: Path, lim: Limiter) -> tuple[str, str]:
 
 def _config(workdir: Path, limiters: list[Limiter], ports: dict[str, int], upstream: str) -> str:
     zones = "\n".join(
-        f"    limit_req_zone $binary_remote_addr zone={lim.name}:1m rate={lim.rate_per_s}r/s;"
+        f"    limit_req_zone $binary_remote_addr zone={lim.name}:1m rate={nginx_rate(lim.rate_per_s)};"
         for lim in limiters
     ) + "".join(
         # The server's port is the same for every request of the server: one bucket for the site.
-        f"\n    limit_req_zone $server_port zone={lim.name}_site:1m rate={lim.site_rate_per_s}r/s;"
+        f"\n    limit_req_zone $server_port zone={lim.name}_site:1m rate={nginx_rate(lim.site_rate_per_s)};"
         for lim in limiters if lim.site_rate_per_s
     )
     servers = "\n".join(
@@ -109,7 +158,7 @@ http {{
     fastcgi_temp_path {temp}/fastcgi;
     uwsgi_temp_path {temp}/uwsgi;
     scgi_temp_path {temp}/scgi;
-    log_format bench '$msec $status $remote_addr';
+    log_format bench '{LOG_FORMAT}';
     limit_req_status 429;
     limit_req_log_level info;
     upstream sandbox {{ server {upstream}; keepalive 32; }}
@@ -191,14 +240,14 @@ class Nginx(Service):
 
     def client_rows(self, name: str) -> list[tuple[float, int, str]]:
         """What the limiter `name` logged, with the client address nginx saw: (time in s, status, address)."""
+        return [(row.at, row.status, row.address) for row in self.request_rows(name)]
+
+    def request_rows(self, name: str) -> list[LogRow]:
+        """What the limiter `name` logged, with the client address and the URI asked for, in order."""
         path = self.workdir / f"{name}.log"
         if not path.exists():
             return []
-        rows = []
-        for line in path.read_text().splitlines():
-            at, status, address = line.split(" ", 2)
-            rows.append((float(at), int(status), address))
-        return rows
+        return [parse_log_line(line) for line in path.read_text().splitlines() if line]
 
     def stop(self) -> None:
         """Stop nginx (SIGTERM, then SIGKILL), keeping its logs until `cleanup()`."""

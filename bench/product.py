@@ -43,9 +43,7 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,14 +56,15 @@ import yaml
 
 from bench.common import (
     ToolMissing,
+    bench_workdir,
     dagster_postgres_storage,
     engine_digest,
     epoch_s,
     fmt,
+    fresh_databases,
     gap_cv,
     host_load,
     parse_args,
-    pg_admin,
     pg_server_pid,
     pg_url,
     print_table,
@@ -193,17 +192,8 @@ def ban_figures(state: dict[str, Any], outgoing: dict[str, str]) -> dict[str, An
 
 def run_config(cfg: Config, args: Any, workdir: Path) -> dict[str, Any]:
     """One configuration measured; on Postgres, in fresh databases dropped afterwards."""
-    databases: list[str] = []
-    try:
-        if cfg.postgres:
-            stamp = f"{int(time.time())}_{uuid.uuid4().hex[:6]}"
-            for db in (f"product_{stamp}_state", f"product_{stamp}_dagster"):
-                pg_admin(f'CREATE DATABASE "{db}"')
-                databases.append(db)
+    with fresh_databases("product", wanted=cfg.postgres) as databases:
         return measure_config(cfg, args, workdir, databases)
-    finally:
-        for db in databases:
-            pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
 
 def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[str]) -> dict[str, Any]:
@@ -631,24 +621,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "identities": args.identities, "client_rate": args.client_rate, "site_rate": args.site_rate,
                    "burst": args.burst, "warmup_s": WARMUP_S, "seed": args.seed},
         "engine_version": engine_digest(), "host_before": host_load(), "configs": {}, "engine": None}
-    workdir = Path(tempfile.mkdtemp(prefix="bench-product-"))
     try:
-        for cfg in configs:
-            print(f"\n--- {cfg.name}: configured at {cfg.rate_factor:g} x the limiter's rates ---", flush=True)
-            figures["configs"][cfg.name] = run_config(cfg, args, workdir)
-        if args.engine_s > 0:
-            print("\n--- the engine alone, configured right ---", flush=True)
-            figures["engine"] = run_engine_phase(args, workdir)
+        with bench_workdir("bench-product-", keep=args.keep) as workdir:
+            for cfg in configs:
+                print(f"\n--- {cfg.name}: configured at {cfg.rate_factor:g} x the limiter's rates ---", flush=True)
+                figures["configs"][cfg.name] = run_config(cfg, args, workdir)
+            if args.engine_s > 0:
+                print("\n--- the engine alone, configured right ---", flush=True)
+                figures["engine"] = run_engine_phase(args, workdir)
     except ToolMissing as exc:
         print(exc, file=sys.stderr)
         return 2
-    finally:
-        if not args.keep:
-            import shutil
-
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            print(f"temp dirs kept: {workdir}")
     engine_per = (figures["engine"] or {}).get("cpu_per_record_s")
     for c in figures["configs"].values():
         per = c["cpu"]["fleet_cpu_per_record_s"]
