@@ -19,7 +19,9 @@ the daemon's loop once started its ticks), so background work is handed over as 
 A tick hands its runs over only when it returns, so one waiting sensor picks up one arrival per
 loop at once and the next lead waits for the next loop. Several sensors therefore take turns at the
 inbox (`PICKUP_TURNS`): each wakes for the inbox rows of its turn (row id modulo the turns), so
-consecutive leads wake different sensors. `new_leads` (turn 0) also hands over background work and
+consecutive leads wake different sensors; a row of another turn still waiting after PICKUP_GRACE_S
+wakes a sensor too (the one whose turn it was may have returned with runs already). `new_leads`
+(turn 0) also hands over background work and
 keeps the pool limits; a relay (`new_leads_relay1`, ...) hands over interactive work only, so the
 background bound is counted in one place. Two sensors that wake for the same lead (one webhook's
 leads are consecutive rows) are safe: ingest is idempotent and dispatch claims each collection in
@@ -80,6 +82,8 @@ INBOX_POLL_S = 0.2
 PLAN_EVERY_S = 3.5
 # Sensors taking turns at the inbox: up to this many leads per loop are picked up within the poll.
 PICKUP_TURNS = 2
+# A row of another sensor's turn is taken after this long: that sensor's tick may have returned.
+PICKUP_GRACE_S = 0.5
 # A run in these states holds, or will hold, a slot of its source's pool.
 IN_FLIGHT_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                       DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
@@ -292,9 +296,18 @@ def _wait_for_inbox(
     store: StateStore, cursor: int, deadline: float, *, turn: int, turns: int,
     clock: Callable[[], float], sleep: Callable[[float], None],
 ) -> bool:
-    """Poll the inbox until a row of this turn arrives after `cursor` (True) or `deadline` passes (False)."""
+    """Poll the inbox until a row of this turn arrives after `cursor`, or a row of another turn has
+    waited PICKUP_GRACE_S (True), or `deadline` passes (False). The sensor whose turn it is may have
+    returned already (its tick handed over runs): then the lead is taken by whichever sensor still
+    waits, instead of waiting for the daemon's next loop; a sensor that finds it taken waits on."""
+    other_since: float | None = None
     while (left := deadline - clock()) > 0:
         sleep(min(INBOX_POLL_S, left))
-        if has_turn(cursor, store.last_inbox_id(), turn=turn, turns=turns):
+        last = store.last_inbox_id()
+        if has_turn(cursor, last, turn=turn, turns=turns):
             return True
+        if last > cursor:
+            other_since = clock() if other_since is None else other_since
+            if clock() - other_since >= PICKUP_GRACE_S:
+                return True
     return False

@@ -16,7 +16,14 @@ from investigations.priority import DAGSTER_PRIORITY, HANDOVER_TAG, PRIORITY_CLA
 from investigations.specs import load_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
-from sensors.new_leads import CASE_TAG, build_new_lead_sensor, build_new_lead_sensors, has_turn, read_cursor
+from sensors.new_leads import (
+    CASE_TAG,
+    PICKUP_GRACE_S,
+    build_new_lead_sensor,
+    build_new_lead_sensors,
+    has_turn,
+    read_cursor,
+)
 from tests.fakes import FakeTime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,19 +204,39 @@ def test_new_leads_and_its_relay_take_turns(world) -> None:
     assert [sensor.name for sensor in sensors] == ["new_leads", "new_leads_relay1"]
 
 
-def test_a_waiting_tick_sleeps_through_the_other_turn_s_lead_and_wakes_for_its_own(world) -> None:
+def test_a_waiting_tick_leaves_the_other_turn_s_lead_to_its_sensor_and_wakes_for_its_own(world) -> None:
     catalog, store, _, instance = world
     start = store.last_inbox_id()  # the next rows are start + 1 (turn 1 of 2) and start + 2 (turn 0)
     arrived = []
 
     def leads_arrive(slept) -> None:
-        if len(slept) in (2, 6):
-            arrived.extend(_accept(store, [f"lead{len(slept)}.example"], webhook=f"w{len(slept)}", sources=["robust"]))
+        if len(slept) == 1:
+            _accept(store, ["other.example"], webhook="w-other", sources=["robust"])
+            ingest(store, store.inbox_after(start, limit=10), catalog)
+            store.dispatch("robust", limit=5)  # its own sensor took it at once
+        if len(slept) == 6:
+            arrived.extend(_accept(store, ["own.example"], webhook="w-own", sources=["robust"]))
 
     fake = FakeTime(leads_arrive)
     result = _evaluate(_waiting_sensor(catalog, fake, turn=(start + 2) % 2, turns=2), instance, cursor=str(start))
-    assert len(fake.slept) == 6  # it did not return on the other turn's row
+    assert len(fake.slept) == 6  # it looked at the other turn's lead after the grace, found it taken, waited on
     assert _handed_leads(store, result.run_requests) == sorted(lead.id for lead in arrived)
+
+
+def test_a_lead_of_another_turn_left_waiting_is_taken_after_the_grace(world) -> None:
+    """Its own sensor's tick returned (it had runs to hand over): the lead does not wait for the next loop."""
+    catalog, store, _, instance = world
+    start = store.last_inbox_id()
+    arrived = []
+
+    def lead_arrives(slept) -> None:
+        if len(slept) == 1:
+            arrived.extend(_accept(store, ["orphan.example"], webhook="w-orphan", sources=["robust"]))
+
+    fake = FakeTime(lead_arrives)
+    result = _evaluate(_waiting_sensor(catalog, fake, turn=start % 2, turns=2), instance, cursor=str(start))
+    assert _handed_leads(store, result.run_requests) == [arrived[0].id]
+    assert fake.now <= 0.2 + PICKUP_GRACE_S + 0.2 + 1e-9  # the grace and a poll, not the tick's 3.5 s wait
 
 
 def test_a_tick_whose_lead_another_sensor_took_waits_on(world) -> None:
