@@ -10,7 +10,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from dagster import (
     AssetCheckEvaluation,
@@ -44,9 +44,10 @@ from investigations.collect import CollectionFailed, CollectionParked, Collectio
 from investigations.cost import collection_cost_usd, identity_prices, over_budget, spend_today
 from investigations.degradation import BASELINE_COLLECTIONS, Verdict, answer_verdict
 from investigations.dispatch import batch_size
-from investigations.priority import BACKGROUND_NICENESS, HANDOVER_TAG, is_background
+from investigations.priority import BACKGROUND_NICENESS, CASE_TAG, HANDOVER_TAG, JOINED_CASES_TAG, is_background
+from investigations.runwork import RunWork
 from investigations.specs import SourceSpec
-from investigations.store import StateStore
+from investigations.store import QueuedCollection, StateStore
 from investigations.store.state import utcnow
 from resources.fleet import FleetResource
 
@@ -276,7 +277,8 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
         backfill_policy=backfill_policy_for(spec),
     )
     def _collect(context: AssetExecutionContext, fleet: FleetResource) -> Iterator:
-        lead_ids = batch_members(context, fleet)
+        members = batch_members(context, fleet)
+        lead_ids = [member.lead_id for member in members]
         check_selected = check_key in context.selected_asset_check_keys
         if check_selected:
             # The check's output, once per step: Dagster expects it of every step the check is
@@ -303,39 +305,39 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
         past_budget = over_budget(spec, spent) is not None
         lower_cpu_priority_if_background(context.run.tags)
         failures: list[CollectionFailed] = []
-        with ThreadPoolExecutor(max_workers=min(spec.concurrency, len(lead_ids)),
-                                thread_name_prefix=f"collect-{spec.name}") as pool:
-            # Reported as they come (in batch order), not at the end: a 90 s batch shows progress in
-            # the UI, and a crash midway leaves what was stored materialized.
-            background = is_background(context.run.tags)
-            outcomes = pool.map(lambda lead: _collect_one(fleet, spec, lead, context.run.run_id, background), lead_ids)
-            try:
-                for lead_id, outcome in zip(lead_ids, outcomes, strict=True):
-                    if isinstance(outcome, CollectionResult):
-                        # Stored in the event log before the generator resumes, so its id is known.
-                        cost = collection_cost_usd(spec, outcome.sent, prices)
-                        yield materialization(spec, outcome, cost_usd=cost, over_budget=past_budget)
-                        if check_selected:
-                            checks.add(lead_id, baselines.judge(lead_id, outcome.lead_kind, outcome.records,
-                                                                outcome.common_fields), outcome.sample_keys)
-                    elif isinstance(outcome, CollectionParked):
-                        context.log.warning(f"{outcome}; back in the queue")
-                    else:
-                        context.log.error(str(outcome))
-                        failures.append(outcome)
-                    if checks.due():
-                        yield from checks.take()
+        background = is_background(context.run.tags)
+        work = RunWork(
+            fleet.store, source=spec.name, handover_key=context.run.tags.get(HANDOVER_TAG),
+            leads=lead_ids, taken_rows=[member.row_id for member in members if member.row_id is not None],
+            collect=lambda lead: _collect_one(fleet, spec, lead, context.run.run_id, background),
+            concurrency=spec.concurrency, open_to_joins=not background,
+            on_join=JoinedCases(context, case=context.run.tags.get(CASE_TAG)),
+        )
+        # Reported as they finish, not at the end: a 90 s batch shows progress in the UI, and a crash
+        # midway leaves what was stored materialized.
+        finished = 0
+        for lead_id, outcome in work.outcomes():
+            finished += 1
+            if isinstance(outcome, CollectionResult):
+                # Stored in the event log before the generator resumes, so its id is known.
+                cost = collection_cost_usd(spec, outcome.sent, prices)
+                yield materialization(spec, outcome, cost_usd=cost, over_budget=past_budget)
+                if check_selected:
+                    checks.add(lead_id, baselines.judge(lead_id, outcome.lead_kind, outcome.records,
+                                                        outcome.common_fields), outcome.sample_keys)
+            elif isinstance(outcome, CollectionParked):
+                context.log.warning(f"{outcome}; back in the queue")
+            else:
+                context.log.error(str(outcome))
+                failures.append(outcome)
+            if checks.due():
                 yield from checks.take()
-            except BaseException:
-                # A terminated run stops after the leads in flight instead of collecting the rest of
-                # its batch first; those go back to the queue as stale dispatches.
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+        yield from checks.take()
         if failures:
             # A permanent failure (4xx, unparseable, refused) is not worth a step retry, and neither
             # is a batch: its failed leads are dead letters already, its good ones are stored.
             raise Failure(
-                description=f"{len(failures)} of {len(lead_ids)} collection(s) of {spec.name} failed: {failures[0]}",
+                description=f"{len(failures)} of {finished} collection(s) of {spec.name} failed: {failures[0]}",
                 metadata={
                     "failed_leads": MetadataValue.json([f.lead_id for f in failures]),
                     "reason_groups": MetadataValue.json(sorted({f.reason_group for f in failures})),
@@ -350,6 +352,28 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
     return _collect
 
 
+# A run tag's value is cut to this length.
+TAG_MAX = 1000
+
+
+class JoinedCases:
+    """Tells the run's tags (JOINED_CASES_TAG) and log of the other cases whose fresh leads joined it."""
+
+    def __init__(self, context: AssetExecutionContext, *, case: str | None) -> None:
+        self._context, self._case = context, case
+        self._cases: list[str] = []
+
+    def __call__(self, rows: list[QueuedCollection]) -> None:
+        self._context.log.info(f"{len(rows)} fresh lead(s) joined this run: "
+                               + ", ".join(f"{row.lead_id} (case {row.case_id})" for row in rows[:10]))
+        new = [case for case in dict.fromkeys(row.case_id for row in rows if row.case_id)
+               if case != self._case and case not in self._cases]
+        if new:
+            self._cases.extend(new)
+            self._context.instance.add_run_tags(self._context.run.run_id,
+                                                {JOINED_CASES_TAG: ", ".join(self._cases)[:TAG_MAX]})
+
+
 def lower_cpu_priority_if_background(tags: Mapping[str, str]) -> None:
     """Give a background run's worker process a lower CPU priority (idempotent: niceness is set, not added).
 
@@ -361,16 +385,22 @@ def lower_cpu_priority_if_background(tags: Mapping[str, str]) -> None:
             os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICENESS)
 
 
-def batch_members(context: AssetExecutionContext, fleet: FleetResource) -> list[str]:
+@dataclass(frozen=True)
+class Member:
+    """A lead the run collects, and the queue row it was handed over in (None: launched from the UI)."""
+
+    lead_id: str
+    row_id: int | None = None
+
+
+def batch_members(context: AssetExecutionContext, fleet: FleetResource) -> list[Member]:
     """The leads this run collects: those the dispatcher handed it that it still owes (a retried
-    step or run skips what an earlier attempt finished), else every partition of the run (a lead or
-    a range launched from the UI)."""
+    step or run skips what an earlier attempt finished, and takes what was joined to the run before
+    it died), else every partition of the run (a lead or a range launched from the UI)."""
     handover = context.run.tags.get(HANDOVER_TAG)
-    partitions = list(context.partition_keys)
     if not handover:
-        return partitions
-    in_range = set(partitions)
-    return [lead for lead in fleet.store.handover_leads(handover) if lead in in_range]
+        return [Member(lead) for lead in context.partition_keys]
+    return [Member(row.lead_id, row.id) for row in fleet.store.handover_rows(handover)]
 
 
 def _collect_one(

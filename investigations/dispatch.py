@@ -10,8 +10,10 @@ bounded amount of it. One pass decides, per source and in this order:
    source's `max_in_flight`, bounded apart from background work so a full background backlog never
    holds a fresh lead back. A case's leads for one source go out together, in runs sized by the same
    rate-and-time rule as background batches (`batch_size`): a run costs seconds of CPU to start, so
-   one run per lead ran a 300-lead case at 0.015 of its source's speed. A lone fresh lead is a run of
-   its own;
+   one run per lead ran a 300-lead case at 0.015 of its source's speed. A few fresh leads (at most
+   the source's `concurrency`) join an interactive run of their source that is still open to them
+   (`join_collectors`, `investigations.runwork`) instead of starting one; else a lone fresh lead is
+   a run of its own;
 3. background work (recurring crawls, backfills): whole batches only, at most the source's
    background runs at once (`background_runs_for`, derived from its rate), within `max_in_flight`.
    A run costs seconds of CPU to start, so handing over whatever room the last finished leads freed
@@ -34,6 +36,7 @@ from investigations.collect import LEASE_WAIT_S, lease_ttl_s
 from investigations.cost import over_budget, spend_today
 from investigations.pacing import Circuits, jittered_start_s
 from investigations.priority import PriorityClass
+from investigations.runwork import LINGER_S, OPEN_FOR_S
 from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import (
     DIED_COLLECTING,
@@ -71,11 +74,13 @@ BACKGROUND_CLASSES = (PriorityClass.RECURRING.value, PriorityClass.BACKFILL.valu
 @dataclass(frozen=True)
 class Handover:
     """One run to request: one lead, or a batch of one source's leads of one class (and, for
-    interactive work, of one case)."""
+    interactive work, of one case). With `joins`, no run of its own: the rows go to the open run
+    of that handover key (see "collectors" below)."""
 
     source: str
     priority_class: PriorityClass
     rows: tuple[QueuedCollection, ...]
+    joins: str | None = None
 
     @property
     def lead_ids(self) -> list[str]:
@@ -95,7 +100,9 @@ class Handover:
     def key(self) -> str:
         """A key unique to this handover of these queue rows. A row handed over again (its run died,
         its dispatch went stale) was dispatched at another moment, so it gets a new key: a run key
-        Dagster has seen is never started again."""
+        Dagster has seen is never started again. Rows that join an open run take its key."""
+        if self.joins is not None:
+            return self.joins
         if not self.is_batch:
             row = self.rows[0]
             return f"{self.source}:{row.lead_id}:q{row.id}:d{_stamp(row)}"
@@ -249,6 +256,30 @@ def batches(spec: SourceSpec, rows: Sequence[QueuedCollection], order: Callable[
     return sorted(handovers, key=lambda handover: handover.priority_class != PriorityClass.INTERACTIVE)
 
 
+def join_collectors(spec: SourceSpec, handovers: Sequence[Handover], open_runs: Sequence[tuple[str, int]]
+                    ) -> list[Handover]:
+    """Interactive handovers that join a run of the source already open to fresh leads instead of
+    starting one: a run costs seconds of CPU and of waiting to start, while an open run takes a
+    joined lead at its next look at its handover (a fraction of a second).
+
+    `open_runs` are the source's open runs with what each still owes. A handover joins when it is
+    small, at most `concurrency` leads (a case worth more is a run of its own, tagged with its
+    case), when its lead's last run did not die while collecting it (a suspect stays alone), and
+    when the least loaded open run then owes at most `batch_size` (about 90 s of the source's work).
+    """
+    load = dict(open_runs)
+    joined: list[Handover] = []
+    for handover in handovers:
+        small = handover.priority_class == PriorityClass.INTERACTIVE and len(handover.rows) <= spec.concurrency
+        suspect = any(row.outcome == DIED_COLLECTING for row in handover.rows)
+        key = min(load, key=lambda k: load[k], default=None)
+        if small and not suspect and key is not None and load[key] + len(handover.rows) <= batch_size(spec):
+            load[key] += len(handover.rows)
+            handover = Handover(handover.source, handover.priority_class, handover.rows, joins=key)
+        joined.append(handover)
+    return joined
+
+
 def plan_dispatch(
     store: StateStore,
     catalog: SourceCatalog,
@@ -271,6 +302,8 @@ def plan_dispatch(
     depths = store.queue_depths(now=now)
     plan = DispatchPlan()
     budget = _BudgetGate(store, catalog, now=now)
+    open_runs = store.open_collectors(now_s=now.timestamp()) if any(
+        depth["ready_interactive"] for depth in depths.values()) else {}
     for spec in catalog.sources:
         depth = depths.get(spec.name)
         if not depth or not (depth["ready"] if background else depth["ready_interactive"]):
@@ -301,7 +334,7 @@ def plan_dispatch(
                 f"{spec.name}: {depth['dispatched_interactive'] + len(rows)} interactive collections in flight "
                 f"(max_in_flight {spec.max_in_flight}); {depth['ready_interactive'] - len(rows)} wait in the backlog"
             )
-        interactive = batches(spec, rows, order)
+        interactive = join_collectors(spec, batches(spec, rows, order), open_runs.get(spec.name, []))
         plan.handovers.extend(interactive)
         if background_ready:
             in_flight = depth["dispatched"] - depth["dispatched_interactive"]
@@ -413,10 +446,14 @@ def queue_canaries(store: StateStore, spec: SourceSpec, *, window: int, not_befo
                          priority_class=PriorityClass.RECURRING.value, not_before=not_before, now=now)
 
 
-def max_runtime_s(spec: SourceSpec, leads: int) -> int:
+def max_runtime_s(spec: SourceSpec, leads: int, *, open_to_joins: bool = False) -> int:
     """How long a run of `leads` leads of `spec` may take before it counts as stuck and is stopped
     (`dagster/max_runtime`): its leads at the slowest rate the source's lanes can be cut to (AIMD's
-    `min_factor`), across `concurrency` at once, plus the longest one collection can take."""
+    `min_factor`), across `concurrency` at once, plus the longest one collection can take. A run
+    `open_to_joins` (interactive) may take fresh leads for OPEN_FOR_S and linger LINGER_S after its
+    last, and owes at most `batch_size` more at a time: that much more."""
+    if open_to_joins:
+        return max_runtime_s(spec, leads + batch_size(spec)) + int(OPEN_FOR_S + LINGER_S)
     slowest_per_s = spec.rate.source_per_s * spec.throttle.min_factor
     one_collection_s = lease_ttl_s(spec) + LEASE_WAIT_S
     rounds = math.ceil(leads / spec.concurrency)

@@ -35,6 +35,11 @@ BACKGROUND_NICENESS = 10
 # queue rows recorded under that key (its partition range is only the envelope around them), and a
 # run that died gives those rows back by it.
 HANDOVER_TAG = "investigations/handover"
+# Every run of a case carries it, so the Runs page filtered by the case shows the case's runs.
+CASE_TAG = "investigations/case"
+# An interactive run that fresh leads of other cases joined names those cases here (see
+# `investigations.runwork`); its own case stays in CASE_TAG.
+JOINED_CASES_TAG = "investigations/joined_cases"
 
 
 def run_tags(priority: PriorityClass) -> dict[str, str]:

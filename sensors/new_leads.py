@@ -31,6 +31,7 @@ one transaction; the one that finds nothing left keeps waiting.
 import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -54,7 +55,7 @@ from assets.partitions import leads_partitions
 from investigations.dispatch import DispatchPlan, Handover, ingest, max_runtime_s, order_from, plan_dispatch
 from investigations.leads import Lead
 from investigations.pacing import Circuits
-from investigations.priority import BACKGROUND_TAG, HANDOVER_TAG, run_tags
+from investigations.priority import BACKGROUND_TAG, CASE_TAG, HANDOVER_TAG, PriorityClass, run_tags
 from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore
 from resources.fleet import FleetResource
@@ -91,8 +92,6 @@ IN_FLIGHT_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, Dag
 
 # A run tag names the lead as an investigator types it (`domain:example.com`), cut to this length.
 LEAD_TAG_MAX = 200
-# Every run of a case carries it, so the Runs page filtered by the case shows the case's runs.
-CASE_TAG = "investigations/case"
 
 
 def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSpec,
@@ -105,7 +104,8 @@ def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSp
     `dagster/max_runtime` is stuck: run monitoring stops it, and its leads go out again."""
     tags = {**run_tags(handover.priority_class), "investigations/source": handover.source,
             "investigations/origin": handover.rows[0].origin, HANDOVER_TAG: handover.key,
-            "dagster/max_runtime": str(max_runtime_s(spec, len(handover.rows)))}
+            "dagster/max_runtime": str(max_runtime_s(spec, len(handover.rows), open_to_joins=(
+                handover.priority_class == PriorityClass.INTERACTIVE)))}
     if handover.case_id:
         tags[CASE_TAG] = handover.case_id
     if not handover.is_batch:
@@ -131,23 +131,30 @@ def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSp
 
 def run_requests_for(store: StateStore, instance: DagsterInstance, plan: DispatchPlan,
                      order: Callable[[], Mapping[str, int]], catalog: SourceCatalog) -> list[RunRequest]:
-    """The run requests of a dispatch plan. Every lead of a batch is made a partition first (a lead
-    registered after this tick's sync), and each handover's rows are recorded under its key."""
+    """The run requests of a dispatch plan. Every lead of a batch, or joining an open run, is made a
+    partition first (a lead registered after this tick's sync; an open run reports a joined lead's
+    materialization within a second); each handover's rows are recorded under its key. Rows whose
+    open run closed before they reached it go out as a run of their own."""
     handovers = plan.handovers
-    for handover in handovers:
-        store.assign_handover([row.id for row in handover.rows], handover_key=handover.key)
-    def single(handover: Handover) -> RunRequest:
-        return run_request_for(handover, {}, catalog.get(handover.source), store.get_lead(handover.rows[0].lead_id))
-
-    if not any(handover.is_batch for handover in handovers):
-        return [single(handover) for handover in handovers]
-    positions = order()
-    batch_leads = [lead for handover in handovers if handover.is_batch for lead in handover.lead_ids]
-    if ensure_partitions(instance, batch_leads, positions):
-        order.cache_clear()  # type: ignore[attr-defined]
+    positions: Mapping[str, int] = {}
+    early = [lead for handover in handovers if handover.is_batch or handover.joins for lead in handover.lead_ids]
+    if early:
         positions = order()
-    return [run_request_for(handover, positions, catalog.get(handover.source)) if handover.is_batch
-            else single(handover) for handover in handovers]
+        if ensure_partitions(instance, early, positions):
+            order.cache_clear()  # type: ignore[attr-defined]
+            positions = order()
+    requests = []
+    for handover in handovers:
+        row_ids = [row.id for row in handover.rows]
+        if handover.joins is not None:
+            if store.join_collector(handover.joins, row_ids, now_s=time.time()):
+                continue
+            handover = replace(handover, joins=None)
+        store.assign_handover(row_ids, handover_key=handover.key)
+        spec = catalog.get(handover.source)
+        requests.append(run_request_for(handover, positions, spec) if handover.is_batch
+                        else run_request_for(handover, {}, spec, store.get_lead(handover.rows[0].lead_id)))
+    return requests
 
 
 def partition_order_of(instance: DagsterInstance) -> Callable[[], Mapping[str, int]]:

@@ -132,11 +132,12 @@ def _add_collection_fields(conn: Connection, schema: str | None) -> None:
     conn.execute(text(f"ALTER TABLE {collections} ADD COLUMN common_fields TEXT"))
 
 
-def _add_queue_started(conn: Connection, schema: str | None) -> None:
+def _add_collectors(conn: Connection, schema: str | None) -> None:
     # Rows dispatched before carry no start: a run of theirs that dies blames each, as before.
     queue = _qualified(conn, "collection_queue", schema)
     kind = "TIMESTAMP" if conn.dialect.name == "postgresql" else "DATETIME"
     conn.execute(text(f"ALTER TABLE {queue} ADD COLUMN started_at {kind}"))
+    s.metadata.create_all(conn, tables=[s.collectors])
 
 
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
@@ -150,7 +151,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     5: _add_lane_recent_sends,
     6: _add_queue_handovers,
     7: _add_collection_fields,
-    8: _add_queue_started,
+    8: _add_collectors,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

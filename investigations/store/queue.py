@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import ColumnElement, Connection, case, func, select
 
 from investigations.store import schema as s
-from investigations.store.sql import Tables, insert_new, utcnow
+from investigations.store.sql import Tables, insert_new, upsert, utcnow
 
 # What `queue_depths` counts per source (waiting: queued with a not_before still ahead).
 QUEUE_DEPTH_KEYS = ("ready", "waiting", "dispatched", "ready_interactive", "dispatched_interactive")
@@ -180,8 +180,49 @@ class QueueTables(Tables):
         """The rows a run still owes (dispatched under its key), in queue order."""
         q = s.collection_queue
         query = select(q).where(q.c.handover_key == handover_key, q.c.state == "dispatched").order_by(q.c.id)
-        with self.engine.begin() as conn:
+        with self.reading() as conn:  # an open run looks several times a second: never the write lock
             return [_queued(dict(row)) for row in conn.execute(query).mappings()]
+
+    def open_collector(self, handover_key: str, source: str, *, until_s: float) -> None:
+        """Open (or keep open) the run of `handover_key` to fresh leads of `source` until `until_s`."""
+        with self.engine.begin() as conn:
+            upsert(conn, s.collectors, [{"handover_key": handover_key, "source": source, "open_until_s": until_s}],
+                   keys=["handover_key"], update=["open_until_s"])
+
+    def close_collector(self, handover_key: str) -> None:
+        """Take no more fresh leads for the run of `handover_key`. Once this has returned, no lead is
+        joined to it: whatever its handover owes now is all it will be handed."""
+        with self.engine.begin() as conn:
+            conn.execute(s.collectors.delete().where(s.collectors.c.handover_key == handover_key))
+
+    def open_collectors(self, *, now_s: float) -> dict[str, list[tuple[str, int]]]:
+        """Per source, the runs open to fresh leads now, each with how many collections it still owes,
+        least loaded first."""
+        c, q = s.collectors, s.collection_queue
+        owed = (select(func.count()).where(q.c.handover_key == c.c.handover_key, q.c.state == "dispatched")
+                .scalar_subquery())
+        query = select(c.c.source, c.c.handover_key, owed).where(c.c.open_until_s > now_s).order_by(owed)
+        found: dict[str, list[tuple[str, int]]] = {}
+        with self.reading() as conn:
+            for source, key, count in conn.execute(query):
+                found.setdefault(source, []).append((key, count))
+        return found
+
+    def join_collector(self, handover_key: str, row_ids: Sequence[int], *, now_s: float) -> bool:
+        """Hand dispatched rows to the open run of `handover_key`, if it is still open (True); else
+        touch nothing (False). The run's row is locked while the rows are named, so a run closing at
+        the same moment either sees them (it reads what it owes after it closed) or is not joined."""
+        c, q = s.collectors, s.collection_queue
+        with self.engine.begin() as conn:
+            query = select(c.c.handover_key).where(c.c.handover_key == handover_key, c.c.open_until_s > now_s)
+            if conn.dialect.name == "postgresql":
+                query = query.with_for_update()
+            if conn.execute(query).first() is None:
+                return False
+            for start in range(0, len(row_ids), 500):
+                conn.execute(q.update().where(q.c.id.in_(list(row_ids[start:start + 500])), q.c.state == "dispatched")
+                             .values(handover_key=handover_key))
+        return True
 
     def mark_started(self, source: str, lead_id: str, *, now: datetime | None = None) -> None:
         """Record that a run began collecting (source, lead): if the run dies now, this row is one it

@@ -10,9 +10,9 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from investigations.demo import send_case
 from investigations.leads import normalize_lead
+from investigations.priority import CASE_TAG
 from investigations.records import RecordStore
 from investigations.store import StateStore
-from sensors.new_leads import CASE_TAG
 
 pytestmark = pytest.mark.e2e
 

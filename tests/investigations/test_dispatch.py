@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,11 +13,13 @@ from assets.naming import job_name
 from investigations.dispatch import (
     MAX_RUN_DEATHS,
     ORPHANED_DISPATCH,
+    Handover,
     background_runs_for,
     background_take,
     batch_size,
     circuit_gate,
     ingest,
+    join_collectors,
     max_runtime_s,
     order_from,
     overlap_leads,
@@ -31,7 +34,7 @@ from investigations.leads import normalize_lead
 from investigations.pacing import Circuits, CircuitState
 from investigations.priority import PriorityClass, run_tags
 from investigations.specs import load_sources
-from investigations.store import InboxItem, StateStore
+from investigations.store import DIED_COLLECTING, InboxItem, StateStore
 from sensors.new_leads import background_runs_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,6 +164,51 @@ def test_interactive_runs_are_sized_by_the_source_rate(world, leads, runs) -> No
     handovers = plan_dispatch(store, catalog, max_runs=50, now=NOW).handovers
     assert len(handovers) == runs and max(len(h.rows) for h in handovers) <= batch_size(spec)
     assert sum(len(h.rows) for h in handovers) == leads
+
+
+def _rows(store, source, leads, *, case="c", outcome=None):
+    store.enqueue([(source, lead) for lead in leads], origin=f"inbox:{case}", priority_class="interactive",
+                  case_id=case, now=NOW)
+    rows = store.dispatch(source, limit=len(leads), now=NOW)
+    return tuple(replace(row, outcome=outcome) for row in rows)
+
+
+@pytest.mark.parametrize(
+    ("leads", "open_runs", "outcome", "joins"),
+    [
+        (1, [("run-a", 5), ("run-b", 2)], None, "run-b"),  # a fresh lead joins the least loaded open run
+        (3, [("run-a", 0)], None, "run-a"),  # a few leads (at most concurrency, 3 on robust) join too
+        (4, [("run-a", 0)], None, None),  # a case worth more is a run of its own, with its case's tag
+        (1, [], None, None),  # nothing open: a run of its own
+        (1, [("run-a", 900)], None, None),  # the open run owes a whole batch (90 s of work) already
+        (1, [("run-a", 0)], DIED_COLLECTING, None),  # its last run died collecting it: it stays alone
+    ],
+)
+def test_small_interactive_handovers_join_an_open_run_of_their_source(world, leads, open_runs, outcome, joins) -> None:
+    catalog, store = world
+    spec = catalog.get("robust")
+    handover = Handover("robust", PriorityClass.INTERACTIVE,
+                        _rows(store, "robust", [f"domain-{i}" for i in range(leads)], outcome=outcome))
+    (planned,) = join_collectors(spec, [handover], open_runs)
+    assert planned.joins == joins and planned.rows == handover.rows
+    assert planned.key == (joins or handover.key)
+
+
+def test_background_work_never_joins_an_open_run(world) -> None:
+    catalog, store = world
+    store.enqueue([("robust", "domain-bulk")], origin="backfill:1", priority_class="backfill", now=NOW)
+    handover = Handover("robust", PriorityClass.BACKFILL, tuple(store.dispatch("robust", limit=1, now=NOW)))
+    assert join_collectors(catalog.get("robust"), [handover], [("run-a", 0)])[0].joins is None
+
+
+def test_a_pass_joins_a_fresh_lead_to_the_open_run_of_its_source_only(world) -> None:
+    catalog, store = world
+    store.open_collector("robust:open", "robust", until_s=NOW.timestamp() + 5)
+    store.enqueue([("robust", "domain-1"), ("flaky", "domain-1")], origin="inbox:1", priority_class="interactive",
+                  case_id="c", now=NOW)
+    handovers = {h.source: h for h in plan_dispatch(store, catalog, max_runs=10, now=NOW).handovers}
+    assert handovers["robust"].joins == "robust:open"
+    assert handovers["flaky"].joins is None  # flaky has no open run: a run of its own
 
 
 def test_a_handover_again_gets_a_new_key(world) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -10,19 +11,20 @@ from dagster import DagsterInstance, build_sensor_context
 
 from assets.jobs import build_source_job
 from assets.naming import job_name, pool_name
-from investigations.dispatch import background_runs_for, batch_size, ingest
+from investigations.dispatch import DispatchPlan, Handover, background_runs_for, batch_size, ingest
 from investigations.leads import normalize_lead
-from investigations.priority import DAGSTER_PRIORITY, HANDOVER_TAG, PRIORITY_CLASS_TAG, PriorityClass
+from investigations.priority import CASE_TAG, DAGSTER_PRIORITY, HANDOVER_TAG, PRIORITY_CLASS_TAG, PriorityClass
 from investigations.specs import load_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 from sensors.new_leads import (
-    CASE_TAG,
     PICKUP_GRACE_S,
     build_new_lead_sensor,
     build_new_lead_sensors,
     has_turn,
+    partition_order_of,
     read_cursor,
+    run_requests_for,
 )
 from tests.fakes import FakeTime
 
@@ -315,6 +317,27 @@ def test_interactive_work_is_dispatched_before_queued_backfill(world) -> None:
     assert first.partition_key == urgent.id and first.tags[PRIORITY_CLASS_TAG] == "interactive"
     assert int(batch.tags["dagster/priority"]) == DAGSTER_PRIORITY[PriorityClass.BACKFILL]
     assert len(store.handover_leads(batch.tags[HANDOVER_TAG])) == 4
+
+
+def test_a_fresh_lead_joins_the_open_run_of_its_source_without_a_run_of_its_own(world) -> None:
+    _, store, sensor, instance = world
+    store.open_collector("robust:open", "robust", until_s=time.time() + 5)
+    (lead,) = _accept(store, ["fresh.example"], webhook="w1", sources=["robust"])
+    result = _evaluate(sensor, instance)
+    assert not result.run_requests
+    assert store.handover_leads("robust:open") == [lead.id]
+    assert lead.id in instance.get_dynamic_partitions("leads")  # before the open run reports it
+
+
+def test_a_lead_whose_open_run_closed_after_the_plan_gets_a_run_of_its_own(world) -> None:
+    catalog, store, _, instance = world
+    (lead,) = _accept(store, ["fresh.example"], webhook="w1", sources=["robust"])
+    ingest(store, store.inbox_after(0, limit=10), catalog)
+    rows = tuple(store.dispatch("robust", limit=1))
+    plan = DispatchPlan([Handover("robust", PriorityClass.INTERACTIVE, rows, joins="robust:closed")])
+    (request,) = run_requests_for(store, instance, plan, partition_order_of(instance), catalog)
+    assert request.partition_key == lead.id and request.run_key != "robust:closed"
+    assert store.handover_leads(request.run_key) == [lead.id]
 
 
 def test_a_stale_dispatch_is_requested_again_under_a_new_run_key(world) -> None:
