@@ -44,7 +44,15 @@ from investigations.collect import CollectionFailed, CollectionParked, Collectio
 from investigations.cost import collection_cost_usd, identity_prices, over_budget, spend_today
 from investigations.degradation import BASELINE_COLLECTIONS, Verdict, answer_verdict
 from investigations.dispatch import batch_size
-from investigations.priority import BACKGROUND_NICENESS, CASE_TAG, HANDOVER_TAG, JOINED_CASES_TAG, is_background
+from investigations.priority import (
+    BACKGROUND_NICENESS,
+    CASE_TAG,
+    HANDOVER_TAG,
+    JOINED_CASES_TAG,
+    PRIORITY_CLASS_TAG,
+    PriorityClass,
+    is_background,
+)
 from investigations.runwork import RunWork
 from investigations.specs import SourceSpec
 from investigations.store import QueuedCollection, StateStore
@@ -294,8 +302,11 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 verdict = baselines.judge(lead_id, lead.kind if lead else "", stored.records if stored else 0, fields)
                 yield empty_check(spec, lead_id, verdict, [], latest_materialization(context.instance, key, lead_id))
             return
-        if not lead_ids:
-            # A retry of a run killed after it stored everything it was handed: nothing is owed.
+        background = is_background(context.run.tags)
+        open_to_joins = context.run.tags.get(PRIORITY_CLASS_TAG) == PriorityClass.INTERACTIVE
+        if not lead_ids and not open_to_joins:
+            # A retry of a run killed after it stored everything it was handed: nothing is owed. (An
+            # interactive one still looks for fresh leads joined to it while it is open: see RunWork.)
             context.log.info("nothing left to collect: every lead of this handover is stored, parked or handed on")
             return
         baselines = Baselines(fleet.store, spec)
@@ -305,12 +316,11 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
         past_budget = over_budget(spec, spent) is not None
         lower_cpu_priority_if_background(context.run.tags)
         failures: list[CollectionFailed] = []
-        background = is_background(context.run.tags)
         work = RunWork(
             fleet.store, source=spec.name, handover_key=context.run.tags.get(HANDOVER_TAG),
             leads=lead_ids, taken_rows=[member.row_id for member in members if member.row_id is not None],
             collect=lambda lead: _collect_one(fleet, spec, lead, context.run.run_id, background),
-            concurrency=spec.concurrency, open_to_joins=not background,
+            concurrency=spec.concurrency, open_to_joins=open_to_joins,
             on_join=JoinedCases(context, case=context.run.tags.get(CASE_TAG)),
         )
         # Reported as they finish, not at the end: a 90 s batch shows progress in the UI, and a crash
@@ -396,11 +406,17 @@ class Member:
 def batch_members(context: AssetExecutionContext, fleet: FleetResource) -> list[Member]:
     """The leads this run collects: those the dispatcher handed it that it still owes (a retried
     step or run skips what an earlier attempt finished, and takes what was joined to the run before
-    it died), else every partition of the run (a lead or a range launched from the UI)."""
+    it died), fresh leads joined to it first; else every partition of the run (a lead or a range
+    launched from the UI)."""
     handover = context.run.tags.get(HANDOVER_TAG)
     if not handover:
         return [Member(lead) for lead in context.partition_keys]
-    return [Member(row.lead_id, row.id) for row in fleet.store.handover_rows(handover)]
+    rows = fleet.store.handover_rows(handover)
+    # Fresh leads joined before the run started (dispatched after its own leads) go first, as they
+    # would had they joined it while it ran: each joined so as not to wait behind a batch.
+    handed = min((row.dispatched_at for row in rows if row.dispatched_at), default=None)
+    rows.sort(key=lambda row: row.dispatched_at == handed)
+    return [Member(row.lead_id, row.id) for row in rows]
 
 
 def _collect_one(

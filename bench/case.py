@@ -702,7 +702,7 @@ def analyse_fresh(mode: Mode, fleet: Fleet, sent: Sequence[dict[str, Any]], logg
     from investigations.store import StateStore
     from investigations.store import schema as s
 
-    c = s.collections
+    c, q = s.collections, s.collection_queue
     ids = [row["lead_id"] for row in sent if row["lead_id"]]
     store = StateStore.from_url(fleet.database_url)
     try:
@@ -710,14 +710,18 @@ def analyse_fresh(mode: Mode, fleet: Fleet, sent: Sequence[dict[str, Any]], logg
             stored = {(row.source, row.lead_id): epoch_s(row.last_success_at) for row in conn.execute(
                 select(c.c.source, c.c.lead_id, c.c.outcome, c.c.last_success_at).where(c.c.lead_id.in_(ids)))
                 if row.outcome in STORED and row.last_success_at is not None}
+            # Each fresh lead's queue row: when it was handed over (to a run of its own, or joined to
+            # an open one) and when its collection began; the first handover counts.
+            handed: dict[tuple[str, str], tuple[float | None, float | None, str | None]] = {}
+            for row in conn.execute(select(q.c.source, q.c.lead_id, q.c.dispatched_at, q.c.started_at, q.c.handover_key)
+                                    .where(q.c.lead_id.in_(ids)).order_by(q.c.id)):
+                handed.setdefault((row.source, row.lead_id), (epoch_s(row.dispatched_at), epoch_s(row.started_at),
+                                                              row.handover_key))
     finally:
         store.close()
     instance = DagsterInstance.from_config(str(fleet.dagster_home))
-    created: dict[str, list[float]] = {}
-    for record in instance.get_run_records():
-        case, at = record.dagster_run.tags.get("investigations/case"), epoch_s(record.create_timestamp)
-        if case and at is not None:
-            created.setdefault(case, []).append(at)
+    case_of_handover = {record.dagster_run.tags.get("investigations/handover"): record.dagster_run.tags.get(
+        "investigations/case") for record in instance.get_run_records()}
 
     def since(at: float | None, start: float) -> float | None:
         return at - start if at is not None and at <= end_s else None
@@ -726,13 +730,15 @@ def analyse_fresh(mode: Mode, fleet: Fleet, sent: Sequence[dict[str, Any]], logg
     for row in sent:
         start = row["accepted_s"]
         first = first_arrival(logged.get(row["source"], ()), row["value"]) if row["lead_id"] else None
-        runs = sorted(created.get(row["case_id"], []))
+        dispatched, began, key = handed.get((row["source"], row["lead_id"]), (None, None, None))
         leads.append({**row, "offset_after_case_202_s": start - case_accepted_s,
                       "during_burst": row["sent_s"] < case_done_s, "answer_s": start - row["sent_s"],
                       "waited_s": end_s - start,
                       "first_request_s": since(first, start),
                       "stored_s": since(stored.get((row["source"], row["lead_id"])), start),
-                      "first_run_created_s": runs[0] - start if runs else None, "runs": len(runs)})
+                      "handed_over_s": since(dispatched, start), "collection_began_s": since(began, start),
+                      # Collected by a run of another case: it joined that run while it was open.
+                      "joined": key is not None and case_of_handover.get(key) not in (None, row["case_id"])})
     sources: dict[str, Any] = {}
     for name in dict.fromkeys(row["source"] for row in leads):
         mine = [row for row in leads if row["source"] == name]
@@ -743,7 +749,9 @@ def analyse_fresh(mode: Mode, fleet: Fleet, sent: Sequence[dict[str, Any]], logg
             "during_burst": sum(1 for row in mine if row["during_burst"]),
             "first_request_s": reached,
             "stored_s": latency_summary([(row["stored_s"], row["waited_s"]) for row in mine]),
-            "first_run_created_s": latency_summary([(row["first_run_created_s"], row["waited_s"]) for row in mine]),
+            "handed_over_s": latency_summary([(row["handed_over_s"], row["waited_s"]) for row in mine]),
+            "collection_began_s": latency_summary([(row["collection_began_s"], row["waited_s"]) for row in mine]),
+            "joined": sum(1 for row in mine if row["joined"]),
             "goal_first_request_p95": within_goal(reached["p95"], GOAL_FRESH_P95_S),
         }
     calm = mode.calm
@@ -822,7 +830,9 @@ def report_fresh(name: str, fresh: dict[str, Any], case_leads: int) -> None:
         ["fresh deliveries sent / 202", *(f"{srcs[n]['sent']} / {srcs[n]['accepted']}" for n in cols)],
         ["sent before the case's last lead stored", *(fmt(srcs[n]["during_burst"]) for n in cols)],
         ["202 -> first request at nginx p50 / p95 / max (s)", *(_cells(srcs[n]["first_request_s"]) for n in cols)],
-        ["202 -> run created p50 / p95 / max (s)", *(_cells(srcs[n]["first_run_created_s"]) for n in cols)],
+        ["202 -> handed over p50 / p95 / max (s)", *(_cells(srcs[n]["handed_over_s"]) for n in cols)],
+        ["202 -> its collection began p50 / p95 / max (s)", *(_cells(srcs[n]["collection_began_s"]) for n in cols)],
+        ["joined another case's open run", *(fmt(srcs[n]["joined"]) for n in cols)],
         ["202 -> stored p50 / p95 / max (s)", *(_cells(srcs[n]["stored_s"]) for n in cols)],
         ["not reached / not stored", *(f"{srcs[n]['first_request_s']['unfinished']} / "
                                        f"{srcs[n]['stored_s']['unfinished']}" for n in cols)],

@@ -5,8 +5,9 @@ A run costs seconds of CPU and of waiting before its first request (launch, impo
 a fresh lead that arrives while a run of its source is collecting (another case's burst, say) is
 better off joining that run than starting one: the dispatcher hands it to the run's handover
 (`investigations.dispatch.join_collectors`) and the run takes it at its next look, a fraction of a
-second later, ahead of the leads it already had. An interactive run is open to such leads while it
-collects and LINGER_S after its last lead, at most OPEN_FOR_S in all: it keeps a row in the store's
+second later, ahead of the leads it already had. An interactive run is open to such leads from its
+request (OPEN_BEFORE_START_S until it starts), while it collects and LINGER_S after its last lead,
+at most OPEN_FOR_S in all: it keeps a row in the store's
 `collectors` table, renewed every RENEW_S to OPEN_LEASE_S ahead, so a run that dies stops being
 joined within seconds (what was joined to it comes back with the rest of what it owed). A run that
 closes deletes its row first, then reads what it owes once more: whatever was joined before that is
@@ -35,6 +36,10 @@ POLL_S = 0.25
 RENEW_S = 1.0
 # How far ahead a renewal keeps the run open: a run that died is no longer joined after this.
 OPEN_LEASE_S = 5.0
+# A run is open to joins from its request on (leads joined before it starts are simply among the
+# leads it starts with), for this long until it starts and renews: a fresh lead arriving while the
+# run of its source's first fresh lead is still starting joins it instead of starting another.
+OPEN_BEFORE_START_S = 30.0
 
 Outcome = TypeVar("Outcome")
 

@@ -56,6 +56,7 @@ from investigations.dispatch import DispatchPlan, Handover, ingest, max_runtime_
 from investigations.leads import Lead
 from investigations.pacing import Circuits
 from investigations.priority import BACKGROUND_TAG, CASE_TAG, HANDOVER_TAG, PriorityClass, run_tags
+from investigations.runwork import OPEN_BEFORE_START_S
 from investigations.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore
 from resources.fleet import FleetResource
@@ -133,8 +134,9 @@ def run_requests_for(store: StateStore, instance: DagsterInstance, plan: Dispatc
                      order: Callable[[], Mapping[str, int]], catalog: SourceCatalog) -> list[RunRequest]:
     """The run requests of a dispatch plan. Every lead of a batch, or joining an open run, is made a
     partition first (a lead registered after this tick's sync; an open run reports a joined lead's
-    materialization within a second); each handover's rows are recorded under its key. Rows whose
-    open run closed before they reached it go out as a run of their own."""
+    materialization within a second); each handover's rows are recorded under its key, and an
+    interactive run is open to fresh leads from its request on. Rows whose open run closed before
+    they reached it go out as a run of their own."""
     handovers = plan.handovers
     positions: Mapping[str, int] = {}
     early = [lead for handover in handovers if handover.is_batch or handover.joins for lead in handover.lead_ids]
@@ -151,6 +153,9 @@ def run_requests_for(store: StateStore, instance: DagsterInstance, plan: Dispatc
                 continue
             handover = replace(handover, joins=None)
         store.assign_handover(row_ids, handover_key=handover.key)
+        if handover.priority_class == PriorityClass.INTERACTIVE:
+            # Open to fresh leads of its source from now on, while it waits to start, too.
+            store.open_collector(handover.key, handover.source, until_s=time.time() + OPEN_BEFORE_START_S)
         spec = catalog.get(handover.source)
         requests.append(run_request_for(handover, positions, spec) if handover.is_batch
                         else run_request_for(handover, {}, spec, store.get_lead(handover.rows[0].lead_id)))

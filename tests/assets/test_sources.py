@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -206,6 +208,28 @@ def test_a_batch_run_collects_only_its_member_leads_inside_the_envelope(world) -
               HANDOVER_TAG: "robust:batch:test"},
     )
     assert sorted(m.partition for m in result.asset_materializations_for_node("sources__robust")) == sorted(members)
+
+
+def test_a_fresh_lead_joined_to_a_run_before_it_started_is_collected_first(world) -> None:
+    settings, lead, instance, store = world
+    others = _three_more_leads(world)
+    spec = load_catalog(settings.sources_path).get("robust").model_copy(update={"concurrency": 1})
+    before = datetime.now(UTC) - timedelta(seconds=5)
+    store.enqueue([("robust", other.id) for other in others], origin="inbox:1", priority_class="interactive",
+                  case_id="big-case", now=before)
+    rows = store.dispatch("robust", limit=10, now=before)
+    store.assign_handover([row.id for row in rows], handover_key="robust:batch:open")
+    store.enqueue([("robust", lead.id)], origin="inbox:2", priority_class="interactive", case_id="fresh-case")
+    store.open_collector("robust:batch:open", "robust", until_s=time.time() + 30)  # requested, not started yet
+    joined = store.dispatch("robust", limit=1)
+    assert store.join_collector("robust:batch:open", [row.id for row in joined], now_s=time.time())
+    result = materialize(
+        [build_source_asset(spec)], instance=instance, resources={"fleet": FleetResource()},
+        tags={"dagster/asset_partition_range_start": others[0].id, "dagster/asset_partition_range_end": others[2].id,
+              HANDOVER_TAG: "robust:batch:open"},
+    )
+    order = [m.partition for m in result.asset_materializations_for_node("sources__robust")]
+    assert order[0] == lead.id and sorted(order[1:]) == sorted(other.id for other in others)
 
 
 def test_a_retry_of_a_run_killed_after_it_stored_its_lead_succeeds_collecting_nothing(world, sandbox) -> None:

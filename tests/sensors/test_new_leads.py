@@ -303,6 +303,7 @@ def test_backpressure_holds_work_in_the_backlog_and_says_why(world) -> None:
     assert not held.run_requests
     assert "max_in_flight 2" in held.skip_reason.skip_message and "3 wait in the backlog" in held.skip_reason.skip_message
     store.finish_dispatched("robust", _handed_leads(store, first.run_requests)[0], outcome="ok")
+    store.close_collector(first.run_requests[0].run_key)  # its run ended: nothing to join
     freed = _evaluate(sensor, instance, cursor=first.cursor)
     assert len(_handed_leads(store, freed.run_requests)) == 1
     assert set(_handed_leads(store, first.run_requests + freed.run_requests)) < {lead.id for lead in leads}
@@ -329,6 +330,15 @@ def test_a_fresh_lead_joins_the_open_run_of_its_source_without_a_run_of_its_own(
     assert lead.id in instance.get_dynamic_partitions("leads")  # before the open run reports it
 
 
+def test_a_second_fresh_lead_joins_the_run_requested_for_the_first_before_it_starts(world) -> None:
+    _, store, sensor, instance = world
+    _accept(store, ["first.example"], webhook="w1", sources=["robust"])
+    (first,) = _evaluate(sensor, instance).run_requests
+    (second,) = _accept(store, ["second.example"], webhook="w2", sources=["robust"])
+    assert not _evaluate(sensor, instance).run_requests
+    assert second.id in store.handover_leads(first.run_key)  # it starts with both
+
+
 def test_a_lead_whose_open_run_closed_after_the_plan_gets_a_run_of_its_own(world) -> None:
     catalog, store, _, instance = world
     (lead,) = _accept(store, ["fresh.example"], webhook="w1", sources=["robust"])
@@ -344,6 +354,7 @@ def test_a_stale_dispatch_is_requested_again_under_a_new_run_key(world) -> None:
     _, store, sensor, instance = world
     _accept(store, ["example.com"], webhook="w1", sources=["robust"])
     (first,) = _evaluate(sensor, instance).run_requests
+    store.close_collector(first.run_key)  # its run never started: it is no longer open to joins
     store.release_stale_dispatches(older_than=datetime.now(UTC) + timedelta(seconds=1))
     (again,) = _evaluate(sensor, instance).run_requests
     # Dagster never starts a run key it has seen: the same key would leave the lead uncollected.
