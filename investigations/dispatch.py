@@ -75,7 +75,7 @@ BACKGROUND_CLASSES = (PriorityClass.RECURRING.value, PriorityClass.BACKFILL.valu
 class Handover:
     """One run to request: one lead, or a batch of one source's leads of one class (and, for
     interactive work, of one case). With `joins`, no run of its own: the rows go to the open run
-    of that handover key (see "collectors" below)."""
+    of that handover key (see `join_collectors`)."""
 
     source: str
     priority_class: PriorityClass
