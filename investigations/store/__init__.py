@@ -14,5 +14,5 @@ from investigations.store.state import (
     utcnow,
 )
 
-__all__ = ["DIED_COLLECTING", "QUEUE_DEPTH_KEYS", "RUN_DIED", "AcceptResult", "Collection", "DeadLetter", "InboxItem", "QueueEntry", "QueuedCollection",
-           "StateStore", "utcnow"]
+__all__ = ["DIED_COLLECTING", "QUEUE_DEPTH_KEYS", "RUN_DIED", "AcceptResult", "Collection", "DeadLetter",
+           "InboxItem", "QueueEntry", "QueuedCollection", "StateStore", "utcnow"]

@@ -28,8 +28,8 @@ from investigations.store.queue import (
 )
 from investigations.store.sql import utcnow
 
-__all__ = ["DIED_COLLECTING", "QUEUE_DEPTH_KEYS", "RUN_DIED", "AcceptResult", "Collection", "DeadLetter", "InboxItem", "QueueEntry", "QueuedCollection",
-           "StateStore", "utcnow"]
+__all__ = ["DIED_COLLECTING", "QUEUE_DEPTH_KEYS", "RUN_DIED", "AcceptResult", "Collection", "DeadLetter",
+           "InboxItem", "QueueEntry", "QueuedCollection", "StateStore", "utcnow"]
 
 
 class StateStore(LeadTables, FetchLogTables, DeadLetterTables, QueueTables, CollectionTables):
