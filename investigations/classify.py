@@ -13,12 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import httpx
 
 from investigations.events import Outcome
-from investigations.specs import AnswersSpec, RetrySpec
+
+if TYPE_CHECKING:  # the specs read the adapters, which read answers with these rules
+    from investigations.specs import AnswersSpec, RetrySpec
 
 # A server asking for more than an hour is treated as asking for an hour; the run can't wait longer.
 MAX_RETRY_AFTER_S = 3600.0

@@ -15,8 +15,10 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
+from investigations.adapters import ADAPTERS
+from investigations.adapters.base import TEMPLATE_FIELDS, ParseModel
 from investigations.leads import LEAD_KINDS, Lead, LeadError, normalize_lead
 from investigations.netguard import TargetAllowance, url_origin
 from investigations.redaction import register_secret
@@ -25,7 +27,6 @@ from investigations.yamlkit import EnvMissing, UniqueKeyLoader, describe_errors,
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _DURATION_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-_URL_FIELDS = frozenset({"kind", "value", "lead_id"})
 
 Positive = Annotated[float, Field(gt=0)]
 
@@ -143,9 +144,9 @@ class RequestSpec(_Model):
     def _url_template(cls, url: str) -> str:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url {url!r} must start with http:// or https://")
-        unknown = set(re.findall(r"\{([^}]*)\}", url)) - _URL_FIELDS
+        unknown = set(re.findall(r"\{([^}]*)\}", url)) - TEMPLATE_FIELDS
         if unknown:
-            raise ValueError(f"url uses unknown placeholders {sorted(unknown)}; known: {sorted(_URL_FIELDS)}")
+            raise ValueError(f"url uses unknown placeholders {sorted(unknown)}; known: {sorted(TEMPLATE_FIELDS)}")
         return url
 
 
@@ -190,92 +191,6 @@ class AnswersSpec(_Model):
         return self
 
 
-class PagesSpec(_Model):
-    """A paged answer: the next page is asked with `param` while the answer's `count_path` (its
-    number of pages) says there is one, up to `max_pages` pages per lead."""
-
-    param: str = Field(min_length=1)
-    count_path: str = Field(min_length=1)
-    first: int = Field(default=0, ge=0)
-    max_pages: int = Field(default=1, ge=1, le=20)
-
-
-class JsonApiParse(_Model):
-    """Records from a JSON response: a dotted path to the list, and fields picked from each item."""
-
-    records_path: str = ""
-    record_key: str | None = None
-    # output field -> dotted path inside one item; empty means keep the whole item
-    fields: dict[str, str] = Field(default_factory=dict)
-    # The answer is one record (a profile, an account), not a list of them.
-    one_record: bool = False
-    pages: PagesSpec | None = None
-
-
-class CdxParse(_Model):
-    """Captures from a CDX server (Wayback Machine, Common Crawl index), one record per capture.
-
-    `match_type` picks the CDX `matchType` per lead kind (a domain and its subdomains, one exact
-    url). With `index_catalog`, `request.url` is the server's collection list (Common Crawl's
-    `collinfo.json`, newest first, cached `catalog_ttl_s`) and `query` is asked of its newest index.
-    """
-
-    format: Literal["json_rows", "ndjson"] = "json_rows"
-    match_type: dict[str, str] = Field(default_factory=lambda: {"domain": "domain", "url": "exact"})
-    # output field -> CDX field; empty keeps every field the server sent
-    fields: dict[str, str] = Field(default_factory=dict)
-    index_catalog: bool = False
-    catalog_ttl_s: Positive = 86400.0
-    query: str = ""
-    # json_rows with `showResumeKey=true` in the query: further pages asked with the resume key
-    # the server puts after the last capture, up to this many pages per lead.
-    max_pages: int = Field(default=1, ge=1, le=20)
-
-    @field_validator("query")
-    @classmethod
-    def _query_template(cls, query: str) -> str:
-        unknown = set(re.findall(r"\{([^}]*)\}", query)) - _URL_FIELDS
-        if unknown:
-            raise ValueError(f"query uses unknown placeholders {sorted(unknown)}; known: {sorted(_URL_FIELDS)}")
-        return query
-
-
-class RdapParse(_Model):
-    """RDAP (RFC 9083) domain objects; `request.url` is IANA's bootstrap file (RFC 9224), which
-    names each top-level domain's RDAP server and is cached `bootstrap_ttl_s`."""
-
-    bootstrap_ttl_s: Positive = 86400.0
-
-
-class DohParse(_Model):
-    """DNS over HTTPS, JSON flavour: one question per record type, asked in order."""
-
-    types: tuple[str, ...] = Field(default=("A", "AAAA", "MX", "NS", "TXT"), min_length=1)
-
-    @field_validator("types")
-    @classmethod
-    def _types(cls, types: tuple[str, ...]) -> tuple[str, ...]:
-        from investigations.adapters.doh import RR_TYPES  # the adapter owns the type table
-
-        unknown = [t for t in types if t.upper() not in RR_TYPES]
-        if unknown:
-            raise ValueError(f"unknown record types {unknown} (known: {', '.join(RR_TYPES)})")
-        return tuple(t.upper() for t in types)
-
-
-class HtmlParse(_Model):
-    """Records from an HTML page: one CSS selector per record, then `css` or `css@attr` per field."""
-
-    records_selector: str = Field(min_length=1)
-    record_key: str | None = None
-    fields: dict[str, str] = Field(min_length=1)
-
-
-PARSE_MODELS: dict[str, type[_Model]] = {
-    "json_api": JsonApiParse, "html": HtmlParse, "cdx": CdxParse, "rdap": RdapParse, "doh": DohParse,
-}
-
-
 class CanarySpec(_Model):
     """A known-positive lead: the source must always find records for it (see `canaries`)."""
 
@@ -303,7 +218,8 @@ class SourceSpec(_Model):
     adapter: str
     lead_kinds: tuple[str, ...] = Field(min_length=1)
     request: RequestSpec
-    parse: JsonApiParse | HtmlParse | CdxParse | RdapParse | DohParse
+    # The adapter's own parse model (`investigations.adapters`), chosen by `adapter` when read.
+    parse: SerializeAsAny[ParseModel]
     answers: AnswersSpec = AnswersSpec()
     rate: RateSpec = RateSpec()
     concurrency: int = Field(default=1, ge=1, le=64)
@@ -350,9 +266,9 @@ class SourceSpec(_Model):
         data = dict(data)
         if "adapter" in data:
             adapter = data["adapter"]
-            if not isinstance(adapter, str) or adapter not in PARSE_MODELS:
-                raise ValueError(f"unknown adapter {adapter!r} (known: {', '.join(PARSE_MODELS)})")
-            data["parse"] = PARSE_MODELS[adapter].model_validate(data.get("parse") or {})
+            if not isinstance(adapter, str) or adapter not in ADAPTERS:
+                raise ValueError(f"unknown adapter {adapter!r} (known: {', '.join(ADAPTERS)})")
+            data["parse"] = ADAPTERS[adapter].parse_model.model_validate(data.get("parse") or {})
         if "recrawl_every" in data:
             data["recrawl_every_s"] = parse_duration_s(data.pop("recrawl_every"))
         return data
@@ -478,9 +394,10 @@ def parse_sources(text: str, *, origin: str = "sources.yaml", env: Mapping[str, 
 
 def _parse_block_problems(origin: str, entry: dict[str, Any]) -> list[str]:
     """Errors of an entry's `parse:` block, each with its full key path (`parse.records_path`)."""
-    model = PARSE_MODELS.get(entry["adapter"]) if isinstance(entry.get("adapter"), str) else None
-    if model is None:
+    kind = ADAPTERS.get(entry["adapter"]) if isinstance(entry.get("adapter"), str) else None
+    if kind is None:
         return []
+    model = kind.parse_model
     try:
         model.model_validate(entry.get("parse") or {})
     except ValidationError as exc:

@@ -1,23 +1,34 @@
 """Adapters: how a source's leads become requests and its answers become records.
 
-Adding an adapter is a class here plus one registry entry; its parse config model lives in
-`investigations.specs.PARSE_MODELS` under the same name.
+One registry: `ADAPTERS` maps the name a source gives in `adapter:` to its class, and each class
+names its parse model (`parse_model`, defined beside it), which the sources file's `parse:` block is
+read into. Adding an adapter is a module here with both, and one entry below.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from investigations.adapters.base import Adapter, ParsedRecord, ParseError, PlannedRequest
+from investigations.adapters.base import (
+    Adapter,
+    ParsedRecord,
+    ParseError,
+    ParseModel,
+    PlannedRequest,
+    TemplateAdapter,
+)
 from investigations.adapters.cache import TtlCache
-from investigations.adapters.cdx import CdxAdapter
-from investigations.adapters.doh import DohAdapter
-from investigations.adapters.html import HtmlAdapter
-from investigations.adapters.json_api import JsonApiAdapter
-from investigations.adapters.rdap import RdapAdapter
-from investigations.specs import SourceSpec
+from investigations.adapters.cdx import CdxAdapter, CdxParse
+from investigations.adapters.doh import DohAdapter, DohParse
+from investigations.adapters.html import HtmlAdapter, HtmlParse
+from investigations.adapters.json_api import JsonApiAdapter, JsonApiParse, PagesSpec
+from investigations.adapters.rdap import RdapAdapter, RdapParse
 
-ADAPTERS: dict[str, Callable[..., Adapter]] = {
+if TYPE_CHECKING:
+    from investigations.specs import SourceSpec
+
+
+ADAPTERS: dict[str, type[TemplateAdapter]] = {
     "json_api": JsonApiAdapter, "html": HtmlAdapter, "cdx": CdxAdapter, "rdap": RdapAdapter, "doh": DohAdapter,
 }
 
@@ -36,13 +47,21 @@ __all__ = [
     "ADAPTERS",
     "Adapter",
     "CdxAdapter",
+    "CdxParse",
     "DohAdapter",
+    "DohParse",
     "HtmlAdapter",
+    "HtmlParse",
     "JsonApiAdapter",
+    "JsonApiParse",
+    "PagesSpec",
     "ParseError",
+    "ParseModel",
     "ParsedRecord",
     "PlannedRequest",
     "RdapAdapter",
+    "RdapParse",
+    "TemplateAdapter",
     "TtlCache",
     "build_adapter",
 ]

@@ -11,21 +11,36 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict
 
 from investigations.adapters.cache import BOOTSTRAPS, TtlCache
 from investigations.canonical import canonical_json
 from investigations.classify import Answer, Verdict, judge_answer
 from investigations.leads import Lead
 from investigations.redaction import redact_url
-from investigations.specs import SourceSpec
+
+if TYPE_CHECKING:  # specs read the registry of adapters: the dependency runs that way
+    from investigations.specs import SourceSpec
 
 # Fields whose value is a link: made absolute against the page and used as the record's url.
 URL_FIELDS = ("url", "link")
 
 
-ParseModel = TypeVar("ParseModel")
+# The placeholders a url or query template may use (`fill_template`).
+TEMPLATE_FIELDS = frozenset({"kind", "value", "lead_id"})
+
+
+class ParseModel(BaseModel):
+    """A source's `parse:` block as one adapter reads it; each adapter's model sits beside it, and
+    the sources file picks it by the source's `adapter`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+AnyParse = TypeVar("AnyParse", bound=ParseModel)
 
 
 class ParseError(Exception):
@@ -80,6 +95,8 @@ class TemplateAdapter:
     """
 
     parser_version = "1"
+    # The model this adapter's `parse:` block is read into (each adapter sets its own).
+    parse_model: ClassVar[type[ParseModel]]
 
     def __init__(self, spec: SourceSpec, *, cache: TtlCache | None = None) -> None:
         self.spec = spec
@@ -96,7 +113,7 @@ class TemplateAdapter:
         url = fill_template(self.spec.request.url, lead)
         return [PlannedRequest(self.spec.request.method, url, self.headers())]
 
-    def parse_config(self, model: type[ParseModel]) -> ParseModel:
+    def parse_config(self, model: type[AnyParse]) -> AnyParse:
         """The source's `parse:` block as the `model` this adapter reads (the spec chose the model
         by adapter name when the sources file was read, so another one is a programming error)."""
         config = self.spec.parse

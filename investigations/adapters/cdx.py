@@ -9,12 +9,17 @@ keyed by its SURT url key and timestamp, so the same capture is the same record 
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from typing import Any, Literal
 from urllib.parse import quote
 
+from pydantic import Field, PositiveFloat, field_validator
+
 from investigations.adapters.base import (
+    TEMPLATE_FIELDS,
     ParsedRecord,
     ParseError,
+    ParseModel,
     PlannedRequest,
     TemplateAdapter,
     fill_template,
@@ -23,11 +28,41 @@ from investigations.adapters.base import (
     with_param,
 )
 from investigations.leads import Lead
-from investigations.specs import CdxParse
+
+
+class CdxParse(ParseModel):
+    """Captures from a CDX server (Wayback Machine, Common Crawl index), one record per capture.
+
+    `match_type` picks the CDX `matchType` per lead kind (a domain and its subdomains, one exact
+    url). With `index_catalog`, `request.url` is the server's collection list (Common Crawl's
+    `collinfo.json`, newest first, cached `catalog_ttl_s`) and `query` is asked of its newest index.
+    """
+
+    format: Literal["json_rows", "ndjson"] = "json_rows"
+    match_type: dict[str, str] = Field(default_factory=lambda: {"domain": "domain", "url": "exact"})
+    # output field -> CDX field; empty keeps every field the server sent
+    fields: dict[str, str] = Field(default_factory=dict)
+    index_catalog: bool = False
+    catalog_ttl_s: PositiveFloat = 86400.0
+    query: str = ""
+    # json_rows with `showResumeKey=true` in the query: further pages asked with the resume key
+    # the server puts after the last capture, up to this many pages per lead.
+    max_pages: int = Field(default=1, ge=1, le=20)
+
+    @field_validator("query")
+    @classmethod
+    def _query_template(cls, query: str) -> str:
+        unknown = set(re.findall(r"\{([^}]*)\}", query)) - TEMPLATE_FIELDS
+        if unknown:
+            raise ValueError(f"query uses unknown placeholders {sorted(unknown)}; known: {sorted(TEMPLATE_FIELDS)}")
+        return query
+
 
 
 class CdxAdapter(TemplateAdapter):
     """Plans a CDX query per lead (its `matchType` by lead kind) and parses its captures."""
+
+    parse_model = CdxParse
 
     @property
     def config(self) -> CdxParse:

@@ -13,9 +13,12 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from pydantic import Field, field_validator
+
 from investigations.adapters.base import (
     ParsedRecord,
     ParseError,
+    ParseModel,
     PlannedRequest,
     TemplateAdapter,
     fill_template,
@@ -25,7 +28,6 @@ from investigations.adapters.base import (
 from investigations.classify import Answer, Verdict
 from investigations.events import Outcome
 from investigations.leads import Lead
-from investigations.specs import DohParse
 
 RR_TYPES: dict[str, int] = {
     "A": 1, "NS": 2, "CNAME": 5, "SOA": 6, "PTR": 12, "MX": 15, "TXT": 16, "AAAA": 28, "SRV": 33,
@@ -35,9 +37,25 @@ _TYPE_NAMES = {number: name for name, number in RR_TYPES.items()}
 RCODES = {0: "NOERROR", 1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
 NOERROR, SERVFAIL, NXDOMAIN = 0, 2, 3
 
+class DohParse(ParseModel):
+    """DNS over HTTPS, JSON flavour: one question per record type, asked in order."""
+
+    types: tuple[str, ...] = Field(default=("A", "AAAA", "MX", "NS", "TXT"), min_length=1)
+
+    @field_validator("types")
+    @classmethod
+    def _types(cls, types: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [t for t in types if t.upper() not in RR_TYPES]
+        if unknown:
+            raise ValueError(f"unknown record types {unknown} (known: {', '.join(RR_TYPES)})")
+        return tuple(t.upper() for t in types)
+
+
 
 class DohAdapter(TemplateAdapter):
     """Asks `parse.types` in order, one request each; stops at NXDOMAIN."""
+
+    parse_model = DohParse
 
     @property
     def config(self) -> DohParse:

@@ -6,17 +6,36 @@ import re
 from typing import Any
 from urllib.parse import urljoin
 
+from pydantic import Field
 from selectolax.lexbor import LexborHTMLParser, LexborNode, SelectolaxError
 
-from investigations.adapters.base import URL_FIELDS, ParsedRecord, ParseError, TemplateAdapter, make_record, page_base
-from investigations.specs import HtmlParse
+from investigations.adapters.base import (
+    URL_FIELDS,
+    ParsedRecord,
+    ParseError,
+    ParseModel,
+    TemplateAdapter,
+    make_record,
+    page_base,
+)
 
 # Only a name-like tail after the last "@" is an attribute; `a[href*="@"]` stays a selector.
 _ATTR_TAIL = re.compile(r"^(?P<css>.*)@(?P<attr>[A-Za-z_:][-\w:.]*)$", re.DOTALL)
 
 
+class HtmlParse(ParseModel):
+    """Records from an HTML page: one CSS selector per record, then `css` or `css@attr` per field."""
+
+    records_selector: str = Field(min_length=1)
+    record_key: str | None = None
+    fields: dict[str, str] = Field(min_length=1)
+
+
+
 class HtmlAdapter(TemplateAdapter):
     """Parses profile-style pages as configured by `HtmlParse`."""
+
+    parse_model = HtmlParse
 
     def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:
         """Records of an HTML page; ParseError when a configured selector is not valid CSS."""

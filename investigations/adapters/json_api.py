@@ -6,10 +6,13 @@ import json
 from typing import Any
 from urllib.parse import urljoin
 
+from pydantic import Field
+
 from investigations.adapters.base import (
     URL_FIELDS,
     ParsedRecord,
     ParseError,
+    ParseModel,
     PlannedRequest,
     TemplateAdapter,
     make_record,
@@ -17,13 +20,37 @@ from investigations.adapters.base import (
     with_param,
 )
 from investigations.leads import Lead
-from investigations.specs import JsonApiParse
+
+
+class PagesSpec(ParseModel):
+    """A paged answer: the next page is asked with `param` while the answer's `count_path` (its
+    number of pages) says there is one, up to `max_pages` pages per lead."""
+
+    param: str = Field(min_length=1)
+    count_path: str = Field(min_length=1)
+    first: int = Field(default=0, ge=0)
+    max_pages: int = Field(default=1, ge=1, le=20)
+
+
+class JsonApiParse(ParseModel):
+    """Records from a JSON response: a dotted path to the list, and fields picked from each item."""
+
+    records_path: str = ""
+    record_key: str | None = None
+    # output field -> dotted path inside one item; empty means keep the whole item
+    fields: dict[str, str] = Field(default_factory=dict)
+    # The answer is one record (a profile, an account), not a list of them.
+    one_record: bool = False
+    pages: PagesSpec | None = None
+
 
 _MISSING = object()
 
 
 class JsonApiAdapter(TemplateAdapter):
     """Parses `{"results": [...]}`-style answers as configured by `JsonApiParse`."""
+
+    parse_model = JsonApiParse
 
     def parse(self, body: bytes, *, url: str) -> list[ParsedRecord]:
         """Records of a JSON body; ParseError when it is not JSON or the path does not lead to a list."""

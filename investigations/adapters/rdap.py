@@ -13,25 +13,36 @@ import json
 from typing import Any
 from urllib.parse import quote
 
+from pydantic import PositiveFloat
+
 from investigations.adapters.base import (
     ParsedRecord,
     ParseError,
+    ParseModel,
     PlannedRequest,
     TemplateAdapter,
     make_record,
     page_base,
 )
 from investigations.leads import Lead
-from investigations.specs import RdapParse
 
 # Events that say something about the domain; "last update of RDAP database" changes on every
 # answer and would make every crawl look like a change.
 _EVENTS = {"registration": "registered_at", "expiration": "expires_at", "last changed": "changed_at",
            "transfer": "transferred_at"}
 
+class RdapParse(ParseModel):
+    """RDAP (RFC 9083) domain objects; `request.url` is IANA's bootstrap file (RFC 9224), which
+    names each top-level domain's RDAP server and is cached `bootstrap_ttl_s`."""
+
+    bootstrap_ttl_s: PositiveFloat = 86400.0
+
+
 
 class RdapAdapter(TemplateAdapter):
     """Plans the bootstrap (when not cached) and the registry's domain lookup; parses the domain."""
+
+    parse_model = RdapParse
 
     @property
     def config(self) -> RdapParse:

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from investigations.adapters import DohParse
 from investigations.adapters.cache import BOOTSTRAPS
 from investigations.collect import Collector
 from investigations.fetcher import Fetcher
 from investigations.leads import normalize_lead
 from investigations.records import RecordStore
-from investigations.specs import DohParse, SourceCatalog
+from investigations.specs import SourceCatalog
 from investigations.store import StateStore
 from tests.public_sources import public_catalog
 
