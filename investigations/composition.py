@@ -69,26 +69,24 @@ def open_engine(
     settings: Settings,
     *,
     store: StateStore | None = None,
-    pool: IdentityPool | None = None,
-    cookies: CookieStore | None = None,
     rng: random.Random | None = None,
 ) -> Engine:
-    """Build the engine from `settings`. A `store` or `pool` given is used (and left open by
-    `Engine.close`); otherwise the engine opens its own. Without an identities file, requests go out
-    directly as the `direct` identity. `rng` seeds the lanes' timing and the pool's choices (the
-    benches pass one so their runs repeat)."""
+    """Build the engine from `settings`: the one place a process builds its state store (unless
+    handed the one it has already opened, which `Engine.close` then leaves open) and its identity
+    pool. Without an identities file, requests go out directly as the `direct` identity. `rng`
+    seeds the lanes' timing and the pool's choices (the benches pass one so their runs repeat)."""
     install_log_redaction()
     owned: list[StateStore | IdentityPool] = []
     if store is None:
         store = StateStore.from_url(settings.database_url)
         owned.append(store)
-    if pool is None and settings.identities_path is not None:
+    pool = cookies = None
+    if settings.identities_path is not None:
         # A broken identities file fails here, naming the identity and key.
         pool = IdentityPool(store, load_identities(settings.identities_path), policy=HealthPolicy(),
                             rng=rng or random.Random())
         pool.sync()
         owned.append(pool)
-    if pool is not None and cookies is None:
         cookies = CookieStore(store)
     lanes = RateLanes(store, sampler=GapSampler(rng or random.Random()))
     return Engine(

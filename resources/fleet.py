@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -34,12 +33,11 @@ class FleetResource(ConfigurableResource):
     sources_path: str | None = None
     identities_path: str | None = None
     # The proxy resource the requests go out through (Definitions registers it as `identities`
-    # and hands it here); unset, the fleet opens one of its own on the same settings.
+    # and hands it here): its identities file, and the run's leases given back at the end.
     identities: IdentityPoolResource | None = None
 
     _store: StateStore | None = PrivateAttr(default=None)
     _engine: Engine | None = PrivateAttr(default=None)
-    _own_identities: IdentityPoolResource | None = PrivateAttr(default=None)
     _settings: Settings | None = PrivateAttr(default=None)
     # Batch runs collect several leads at once in threads: the first of them opens the engine.
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
@@ -50,22 +48,17 @@ class FleetResource(ConfigurableResource):
             hold_connections_for_the_run(context.instance)
 
     def settings(self) -> Settings:
-        """The fleet's settings, read once per run (every collection of a batch asks for them)."""
+        """The fleet's settings, read once per run (every collection of a batch asks for them): this
+        resource's fields and the proxy resource's identities file over `INVESTIGATIONS_*`."""
         if self._settings is None:
-            self._settings = self._read_settings()
+            self._settings = Settings.overlaid({
+                "INVESTIGATIONS_DATABASE_URL": self.database_url,
+                "INVESTIGATIONS_DATA_DIR": self.data_dir,
+                "INVESTIGATIONS_SOURCES": self.sources_path,
+                "INVESTIGATIONS_IDENTITIES": self.identities_path or (self.identities.identities_path
+                                                                      if self.identities else None),
+            })
         return self._settings
-
-    def _read_settings(self) -> Settings:
-        env = dict(os.environ)
-        for name, value in (
-            ("INVESTIGATIONS_DATABASE_URL", self.database_url),
-            ("INVESTIGATIONS_DATA_DIR", self.data_dir),
-            ("INVESTIGATIONS_SOURCES", self.sources_path),
-            ("INVESTIGATIONS_IDENTITIES", self.identities_path),
-        ):
-            if value:
-                env[name] = value
-        return Settings.from_env(env)
 
     @property
     def catalog(self) -> SourceCatalog:
@@ -73,6 +66,8 @@ class FleetResource(ConfigurableResource):
 
     @property
     def store(self) -> StateStore:
+        """The run's one state store, which its engine uses too (a sensor's tick, needing only the
+        store, opens no engine)."""
         with self._lock:
             if self._store is None:
                 self._store = StateStore.from_url(self.settings().database_url)
@@ -84,34 +79,19 @@ class FleetResource(ConfigurableResource):
 
     def engine(self) -> Engine:
         """The run's engine (see investigations.composition), opened on first use and closed at
-        teardown: every request paced through the shared rate lanes and circuits, sent as an
-        identity leased through the proxy resource (or directly, without an identities file)."""
+        teardown: one state store, every request paced through the shared rate lanes and circuits,
+        sent as an identity leased from the pool (or directly, without an identities file). The
+        identities file is read per run: an edit (or a rotated password in the environment) reaches
+        the next run, and a broken file fails here, naming the identity and key."""
         store = self.store
         with self._lock:
             if self._engine is None:
-                pool = cookies = None
-                proxies = self._proxy_resource()
-                if proxies.settings().identities_path is not None:
-                    # Opened per run: an edit of the file (or a rotated password in the environment)
-                    # reaches the next run. A broken file fails here, naming the identity and key.
-                    pool, cookies = proxies.pool, proxies.cookies
-                self._engine = open_engine(self.settings(), store=store, pool=pool, cookies=cookies)
+                self._engine = open_engine(self.settings(), store=store)
             return self._engine
 
     def collector(self) -> Collector:
         """The engine's collector, over the sources file as it is now."""
         return self.engine().collector(self.catalog)
-
-    def _proxy_resource(self) -> IdentityPoolResource:
-        """The identity pool's resource: the one Definitions handed over, else one of our own."""
-        if self.identities is not None:
-            return self.identities
-        if self._own_identities is None:
-            settings = self.settings()
-            path = settings.identities_path
-            self._own_identities = IdentityPoolResource(identities_path=str(path) if path else None,
-                                                        database_url=settings.database_url)
-        return self._own_identities
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None,
                 background: bool = False) -> CollectionResult:
@@ -120,14 +100,15 @@ class FleetResource(ConfigurableResource):
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         with self._lock:
-            engine, own, store = self._engine, self._own_identities, self._store
-            self._engine = self._own_identities = self._store = None
-            self._settings = None
-        if engine is not None:
-            engine.close()  # its HTTP clients; the store and pool it was handed are closed below
-        if own is not None:
-            # Leases are released by each collection's `finally`; this closes the pool's
-            # connections. A pool handed over by Definitions is closed by its own teardown.
-            own.teardown_after_execution(context)
-        if store is not None:
-            store.close()
+            engine, store = self._engine, self._store
+            self._engine = self._store = self._settings = None
+        try:
+            if engine is not None:
+                try:
+                    if engine.pool is not None and context.run is not None:
+                        (self.identities or IdentityPoolResource()).give_back(engine.pool, run_id=context.run.run_id)
+                finally:
+                    engine.close()  # its HTTP clients and the pool it opened; the store is ours
+        finally:
+            if store is not None:
+                store.close()

@@ -255,6 +255,19 @@ class IdentityPool:
                 self._released.notify_all()
         return released
 
+    def release_held_by(self, holder: str) -> int:
+        """Give back every lease `holder` still holds (a run ending: none of its collections sends
+        any more); how many there were. Each collection gives its own back as it ends, so this finds
+        only what a collection could not (a thread abandoned past the run's end)."""
+        with self._store.engine.begin() as conn:
+            released = conn.execute(
+                update(_L).where(_L.c.holder == holder, _L.c.released.is_(False)).values(released=True)
+            ).rowcount
+        if released:
+            with self._released:
+                self._released.notify_all()
+        return int(released or 0)
+
     def wait_for_release(self, timeout_s: float) -> None:
         """Sleep until this process releases a lease, or `timeout_s` (leases given back by other
         processes are only seen by asking again)."""

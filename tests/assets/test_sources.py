@@ -334,7 +334,7 @@ def test_collections_lease_their_identities_through_the_proxy_resource(world, tm
     path = tmp_path / "identities.yaml"
     path.write_text("tiers: [datacenter]\nidentities:\n  - {id: dc1_a, range: dc1, tier: datacenter}\n")
     # The fleet itself names no identities file: what it goes out as is the proxy resource's.
-    proxies = IdentityPoolResource(identities_path=str(path), database_url=settings.database_url)
+    proxies = IdentityPoolResource(identities_path=str(path))
     result = materialize([build_source_asset(load_catalog(settings.sources_path).get("robust"))],
                          partition_key=lead.id, instance=instance,
                          resources={"fleet": FleetResource(identities=proxies), "identities": proxies})

@@ -3,7 +3,6 @@ redaction before the first request, and closes only what it opened itself."""
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -102,17 +101,34 @@ def test_importing_the_fetcher_installs_nothing_and_opening_an_engine_installs_r
     assert "s3cr3t-token-value" not in message and "***" in message
 
 
-def test_the_fleet_resource_collects_through_the_proxy_resource_it_is_handed(tmp_path: Path,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_with_identities_opens_one_state_store(tmp_path: Path, sandbox_env: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from dagster import DagsterInstance, materialize
+
+    from assets.sources import build_source_asset
+    from investigations.catalog import load_catalog
+
     settings = _settings(tmp_path, identities=True)
-    assert settings.identities_path is not None
-    proxies = IdentityPoolResource(identities_path=str(settings.identities_path), database_url=settings.database_url)
-    fleet = FleetResource(database_url=settings.database_url, data_dir=str(settings.data_dir),
-                          sources_path=str(settings.sources_path), identities_path=str(settings.identities_path),
-                          identities=proxies)
-    try:
-        assert fleet.engine().fetcher.pool is proxies.pool  # one proxy resource, not two
-    finally:
-        fleet.teardown_after_execution(None)  # type: ignore[arg-type]
-        proxies.teardown_after_execution(None)  # type: ignore[arg-type]
-    assert logging.getLogRecordFactory() is not logging.LogRecord
+    monkeypatch.setenv("INVESTIGATIONS_DATA_DIR", str(settings.data_dir))
+    lead = normalize_lead("domain", "example.com")
+    setup = StateStore.from_url(settings.database_url)
+    setup.add_lead(lead)
+    setup.close()
+    opened: list[str] = []
+    real_init = StateStore.__init__
+
+    def counting_init(self: StateStore, *args: object, **kwargs: object) -> None:
+        opened.append(str(args[0]) if args else "")
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StateStore, "__init__", counting_init)
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("leads", [lead.id])
+    proxies = IdentityPoolResource(identities_path=str(settings.identities_path))
+    result = materialize([build_source_asset(load_catalog(settings.sources_path).get("robust"))],
+                         partition_key=lead.id, instance=instance,
+                         resources={"fleet": FleetResource(identities=proxies), "identities": proxies})
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("sources__robust")
+    assert mat.metadata["identity_ids"].value[0] in {"dc1_a", "dc1_b"}  # it did go out through the pool
+    assert len(opened) == 1, opened

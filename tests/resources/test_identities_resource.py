@@ -1,17 +1,17 @@
-"""The proxy resource gives every lease back: when the `lease()` block ends, however it ends, and
-at teardown for a lease a step left out."""
+"""The proxy resource names the identities a run goes out as, and gives back at the run's end every
+lease the run still holds (only the run's own)."""
 
 # No `from __future__ import annotations`: Dagster reads the asset parameters' annotations at definition.
 
 from pathlib import Path
 
-import httpx
 import pytest
 from dagster import AssetExecutionContext, asset, build_init_resource_context, materialize
 
-from investigations.identities import IdentityUnavailable, load_identities
+from investigations.identities import load_identities
 from investigations.identities.pool import IdentityPool
 from investigations.store import StateStore
+from resources.fleet import FleetResource
 from resources.identities import IdentityPoolResource
 
 IDENTITIES = """
@@ -29,76 +29,64 @@ def world(tmp_path: Path) -> tuple[str, str]:
     return str(path), f"sqlite:///{tmp_path / 'state.db'}"
 
 
-def leased(world: tuple[str, str], source: str = "src") -> list[str]:
-    """Identities currently leased for `source`, read straight from the store."""
-    path, url = world
-    store = StateStore.from_url(url)
-    pool = IdentityPool(store, load_identities(path))
-    try:
-        return [row["identity_id"] for row in pool.active_leases(source)]
-    finally:
-        pool.close()
-        store.close()
+@pytest.fixture
+def pool(world: tuple[str, str]):
+    store = StateStore.from_url(world[1])
+    pool = IdentityPool(store, load_identities(world[0]))
+    pool.sync()
+    yield pool
+    pool.close()
+    store.close()
 
 
-def test_a_lease_is_released_when_its_block_ends(world: tuple[str, str]) -> None:
-    resource = IdentityPoolResource(identities_path=world[0], database_url=world[1])
-    with resource.lease("src", holder="run-1") as lease:
-        assert leased(world) == [lease.identity_id]
-    assert leased(world) == []
-    resource.teardown_after_execution(build_init_resource_context())
+def holders(pool: IdentityPool, source: str = "src") -> list[str]:
+    """Who holds a lease for `source` now, read from the store."""
+    return sorted(row["holder"] for row in pool.active_leases(source))
 
 
-def test_a_lease_is_released_when_its_block_raises(world: tuple[str, str]) -> None:
-    resource = IdentityPoolResource(identities_path=world[0], database_url=world[1])
-    with pytest.raises(RuntimeError, match="boom"), resource.lease("src", holder="run-1"):
-        raise RuntimeError("boom")
-    assert leased(world) == [] and resource.held() == []
-    resource.teardown_after_execution(build_init_resource_context())
+def test_give_back_releases_every_lease_of_the_run_and_only_those(world: tuple[str, str], pool: IdentityPool) -> None:
+    for holder in ("run-1", "run-1", "run-2"):
+        assert pool.acquire("src" if holder == "run-1" else "other", holder=holder, ttl_s=300) is not None
+    assert pool.acquire("other", holder="run-1", ttl_s=300) is not None
+    assert IdentityPoolResource(identities_path=world[0]).give_back(pool, run_id="run-1") == 3
+    assert holders(pool, "src") == [] and holders(pool, "other") == ["run-2"]
+    assert IdentityPoolResource(identities_path=world[0]).give_back(pool, run_id="run-1") == 0  # idempotent
 
 
-def test_teardown_releases_a_lease_still_held(world: tuple[str, str]) -> None:
-    resource = IdentityPoolResource(identities_path=world[0], database_url=world[1])
-    block = resource.lease("src", holder="run-1")
-    lease = block.__enter__()  # a step that never got to leave its block
-    assert leased(world) == [lease.identity_id]
-    resource.teardown_after_execution(build_init_resource_context())
-    assert leased(world) == []
-
-
-def test_no_identity_free_raises_identity_unavailable(world: tuple[str, str]) -> None:
-    resource = IdentityPoolResource(identities_path=world[0], database_url=world[1])
-    with (resource.lease("src", holder="a"), resource.lease("src", holder="b"),
-          pytest.raises(IdentityUnavailable, match="src"), resource.lease("src", holder="c")):
-        pass
-    resource.teardown_after_execution(build_init_resource_context())
-
-
-def test_a_run_gives_back_every_lease_its_step_took(world: tuple[str, str]) -> None:
+def test_a_run_gives_back_the_leases_its_collections_left(world: tuple[str, str], pool: IdentityPool) -> None:
     seen: list[str] = []
 
     @asset
-    def leaky(context: AssetExecutionContext, identities: IdentityPoolResource) -> None:
-        with identities.lease("src", holder=context.run.run_id) as lease:
-            seen.append(lease.identity_id)
-        seen.append(identities.lease("src", holder=context.run.run_id).__enter__().identity_id)  # never left
+    def leaky(context: AssetExecutionContext, fleet: FleetResource) -> None:
+        engine_pool = fleet.engine().pool
+        assert engine_pool is not None
+        # A collection thread abandoned past the run's end: its lease is still out when the step ends.
+        lease = engine_pool.acquire("src", holder=context.run.run_id, ttl_s=3600)
+        assert lease is not None
+        seen.extend(holders(engine_pool))
 
-    result = materialize([leaky], resources={"identities": IdentityPoolResource(identities_path=world[0],
-                                                                                   database_url=world[1])})
+    proxies = IdentityPoolResource(identities_path=world[0])
+    result = materialize([leaky], resources={"fleet": FleetResource(database_url=world[1], identities=proxies),
+                                             "identities": proxies})
     assert result.success
-    assert len(seen) == 2
-    assert leased(world) == []
+    assert seen == [result.run_id]
+    assert holders(pool) == []  # back now, not in an hour
 
 
-def test_without_an_identities_file_the_resource_leases_the_direct_identity(tmp_path: Path) -> None:
-    resource = IdentityPoolResource(database_url=f"sqlite:///{tmp_path / 'state.db'}")
-    with resource.lease("src", holder="run-1") as lease:
-        assert (lease.identity_id, lease.identity.proxy()) == ("direct", None)
-    resource.teardown_after_execution(build_init_resource_context())
+def test_the_fleet_goes_out_as_the_proxy_resource_s_identities_file(world: tuple[str, str], tmp_path: Path) -> None:
+    proxies = IdentityPoolResource(identities_path=world[0])
+    fleet = FleetResource(database_url=world[1], data_dir=str(tmp_path / "data"), identities=proxies)
+    try:
+        engine = fleet.engine()
+        assert engine.pool is not None and engine.fetcher.pool is engine.pool
+        assert sorted(engine.pool.catalog.ids) == ["dc1_a", "dc1_b"]
+    finally:
+        fleet.teardown_after_execution(build_init_resource_context())
 
 
-def test_the_resource_hands_out_the_cookie_jars_of_its_store(world: tuple[str, str]) -> None:
-    resource = IdentityPoolResource(identities_path=world[0], database_url=world[1])
-    resource.cookies.save("dc1_a", httpx.Cookies({"sid": "abc"}))
-    assert dict(resource.cookies.load("dc1_a")) == {"sid": "abc"}
-    resource.teardown_after_execution(build_init_resource_context())
+def test_without_an_identities_file_the_fleet_goes_out_directly(world: tuple[str, str], tmp_path: Path) -> None:
+    fleet = FleetResource(database_url=world[1], data_dir=str(tmp_path / "data"), identities=IdentityPoolResource())
+    try:
+        assert fleet.engine().pool is None
+    finally:
+        fleet.teardown_after_execution(build_init_resource_context())

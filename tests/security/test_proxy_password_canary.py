@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 
 import pytest
-from dagster import materialize
+from dagster import build_init_resource_context, materialize
 from sqlalchemy import select
 
 from assets.sources import build_source_asset
@@ -95,7 +95,7 @@ def test_the_proxy_password_never_reaches_logs_events_tags_metadata_or_dead_lett
     lease = pool.acquire("proxied", holder="canary", ttl_s=5)
     assert lease is not None
     pool.release(lease)
-    fleet.teardown_after_execution(None)  # type: ignore[arg-type]
+    fleet.teardown_after_execution(build_init_resource_context())
 
     with store.engine.begin() as conn:
         registry = [dict(row) for row in conn.execute(select(s.identities)).mappings()]
