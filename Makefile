@@ -13,7 +13,8 @@ run: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/pytest -m "not soak and not live" -q
 
-# Lint (ruff) and types (mypy over investigations/), configured in pyproject.toml; part of `make test`.
+# Lint (ruff) and types (mypy over investigations/, assets/, sensors/, resources/ and definitions.py),
+# configured in pyproject.toml; part of `make test`.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy

@@ -2,4 +2,8 @@
 
 from dagster import DynamicPartitionsDefinition
 
-leads_partitions = DynamicPartitionsDefinition(name="leads")
+# The name on its own, typed `str`: the definition's `name` is `str | None` (a dynamic definition may
+# have a partition function instead), and the instance's partition calls take a `str`.
+LEADS_PARTITIONS = "leads"
+
+leads_partitions = DynamicPartitionsDefinition(name=LEADS_PARTITIONS)

@@ -11,6 +11,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
@@ -81,10 +82,10 @@ def backfill_policy_for(spec: SourceSpec) -> BackfillPolicy:
     return BackfillPolicy.multi_run(max_partitions_per_run=batch_size(spec))
 
 
-def verdict_metadata(verdict: Verdict, sample_keys: list[str] | None = None) -> dict[str, object]:
+def verdict_metadata(verdict: Verdict, sample_keys: list[str] | None = None) -> dict[str, Any]:
     """A verdict as check metadata: the observed value, the threshold, examples and the details."""
-    metadata: dict[str, object] = {"observed": verdict.observed, "threshold": verdict.threshold,
-                                   "examples": MetadataValue.json(verdict.examples), **verdict.details}
+    metadata: dict[str, Any] = {"observed": verdict.observed, "threshold": verdict.threshold,
+                                "examples": MetadataValue.json(verdict.examples), **verdict.details}
     if sample_keys is not None:
         metadata["sample_record_keys"] = MetadataValue.json(sample_keys)
     return metadata
@@ -208,7 +209,7 @@ class PendingChecks:
 
 def materialization(spec: SourceSpec, result: CollectionResult, *, cost_usd: float | None = None,
                     over_budget: bool = False) -> AssetMaterialization:
-    extra: dict[str, object] = {}
+    extra: dict[str, Any] = {}
     if cost_usd is not None:
         extra["cost_usd"] = round(cost_usd, 6)
     if over_budget:

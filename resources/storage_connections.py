@@ -106,6 +106,7 @@ def remember_asset_key_columns(storage: SqlEventLogStorage) -> None:
             return True
         return False
 
+    # A deliberate patch of this storage's method (mypy refuses any assignment to a method).
     storage._has_asset_key_col_on_connection = has_column  # type: ignore[method-assign]
 
 
@@ -141,6 +142,7 @@ class HeldShards:
     def install(self) -> None:
         """Put the held connections in place of the storage's connection per write."""
         storage = self._storage
+        # Deliberate patches of this storage's methods (mypy refuses any assignment to a method).
         storage._connect = self.connect  # type: ignore[method-assign]
         storage.has_table = self.has_table  # type: ignore[method-assign]
         storage.dispose = self.dispose  # type: ignore[method-assign]

@@ -38,6 +38,8 @@ def read_migration_scripts_once() -> None:
         if _original is not None:
             return
         _original = ScriptDirectory.__dict__["from_config"]
+        # A deliberate patch of alembic's classmethod: mypy refuses assigning to a method (method-assign),
+        # and sees a `classmethod` object where the attribute is declared a callable (assignment).
         ScriptDirectory.from_config = classmethod(_from_config)  # type: ignore[method-assign, assignment]
 
 

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from dagster import DagsterInstance
 
-from assets.partitions import leads_partitions
+from assets.partitions import LEADS_PARTITIONS
 from investigations.store import StateStore, utcnow
 
 # A lead's `created_at` is stamped before its transaction commits; re-reading this much before the
@@ -30,7 +30,7 @@ def add_partitions(instance: DagsterInstance, keys: Iterable[str]) -> None:
     """Add `keys` to the `leads` partitions (idempotent), in chunks, in the order given."""
     keys = list(dict.fromkeys(keys))
     for start in range(0, len(keys), ADD_CHUNK):
-        instance.add_dynamic_partitions(leads_partitions.name, keys[start:start + ADD_CHUNK])
+        instance.add_dynamic_partitions(LEADS_PARTITIONS, keys[start:start + ADD_CHUNK])
 
 
 def sync_lead_partitions(instance: DagsterInstance, store: StateStore, *, since: datetime | None,

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from dagster import (
     DagsterInstance,
@@ -51,7 +51,7 @@ from dagster import (
 
 from assets.jobs import SourceJob
 from assets.naming import job_name
-from assets.partitions import leads_partitions
+from assets.partitions import LEADS_PARTITIONS, leads_partitions
 from investigations.dispatch import DispatchPlan, Handover, ingest, max_runtime_s, order_from, plan_dispatch
 from investigations.leads import Lead
 from investigations.pacing import Circuits
@@ -95,6 +95,15 @@ IN_FLIGHT_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, Dag
 LEAD_TAG_MAX = 200
 
 
+class PartitionOrder(Protocol):
+    """The position of every lead in the `leads` partitions (`partition_order_of`): read at the first
+    call, cached until `cache_clear()` (after leads were added to the partitions)."""
+
+    def __call__(self) -> Mapping[str, int]: ...
+
+    def cache_clear(self) -> None: ...
+
+
 def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSpec,
                     lead: Lead | None = None) -> RunRequest:
     """The Dagster run of one handover. A single lead runs on its partition; a batch over the
@@ -131,7 +140,7 @@ def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSp
 
 
 def run_requests_for(store: StateStore, instance: DagsterInstance, plan: DispatchPlan,
-                     order: Callable[[], Mapping[str, int]], catalog: SourceCatalog) -> list[RunRequest]:
+                     order: PartitionOrder, catalog: SourceCatalog) -> list[RunRequest]:
     """The run requests of a dispatch plan. Every lead of a batch, or joining an open run, is made a
     partition first (a lead registered after this tick's sync; an open run reports a joined lead's
     materialization within a second); each handover's rows are recorded under its key, and an
@@ -143,7 +152,7 @@ def run_requests_for(store: StateStore, instance: DagsterInstance, plan: Dispatc
     if early:
         positions = order()
         if ensure_partitions(instance, early, positions):
-            order.cache_clear()  # type: ignore[attr-defined]
+            order.cache_clear()
             positions = order()
     requests = []
     for handover in handovers:
@@ -162,12 +171,12 @@ def run_requests_for(store: StateStore, instance: DagsterInstance, plan: Dispatc
     return requests
 
 
-def partition_order_of(instance: DagsterInstance) -> Callable[[], Mapping[str, int]]:
+def partition_order_of(instance: DagsterInstance) -> PartitionOrder:
     """The position of every lead in the `leads` partitions, read once per tick and only if needed."""
 
     @cache
     def order() -> Mapping[str, int]:
-        keys = instance.get_dynamic_partitions(leads_partitions.name)
+        keys = instance.get_dynamic_partitions(LEADS_PARTITIONS)
         return {key: position for position, key in enumerate(keys)}
 
     return order
@@ -262,7 +271,7 @@ def build_new_lead_sensor(
             if primary:
                 read_leads, leads_since = sync_lead_partitions(context.instance, store, since=leads_since)
                 if read_leads:
-                    order.cache_clear()  # type: ignore[attr-defined]
+                    order.cache_clear()
             items = store.inbox_after(cursor, limit=MAX_INBOX_ROWS_PER_TICK)
             added, notes = ingest(store, items, catalog)
             read, queued = read + len(items), queued + added
