@@ -717,7 +717,7 @@ def analyse(fleet: Fleet, instance: Any, store: Any, deliveries: list[Delivery],
     from sqlalchemy import select
 
     from investigations.catalog import load_catalog
-    from investigations.collect import lease_ttl_s
+    from investigations.identities.leasing import lease_ttl_s
     from investigations.records import RecordStore
     from investigations.store import schema as s
 

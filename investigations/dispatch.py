@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from investigations.collect import LEASE_WAIT_S, lease_ttl_s
 from investigations.cost import over_budget, spend_today
+from investigations.identities.leasing import longest_hold_s
 from investigations.pacing import Circuits, jittered_start_s
 from investigations.priority import PriorityClass
 from investigations.runwork import LINGER_S, OPEN_FOR_S
@@ -455,7 +455,7 @@ def max_runtime_s(spec: SourceSpec, leads: int, *, open_to_joins: bool = False) 
     if open_to_joins:
         return max_runtime_s(spec, leads + batch_size(spec)) + int(OPEN_FOR_S + LINGER_S)
     slowest_per_s = spec.rate.source_per_s * spec.throttle.min_factor
-    one_collection_s = lease_ttl_s(spec) + LEASE_WAIT_S
+    one_collection_s = longest_hold_s(spec)
     rounds = math.ceil(leads / spec.concurrency)
     return int(max(leads / slowest_per_s, rounds * spec.timeout_s) + one_collection_s + RUNTIME_MARGIN_S)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 from urllib.parse import urlsplit
 
 from warcio.archiveiterator import ArchiveIterator
@@ -181,6 +181,12 @@ class CaptureFile:
                 url=url,
                 identity_id=response.identity_id,
             )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Make the file durable and put it in place; later captures are refused."""

@@ -13,8 +13,10 @@ its fingerprint's headers in their order, its cookie jar), paces on the identity
 source, and tells the session after every attempt what the answer says about the identity
 (`classify_for_identity`); the session reports to the pool and raises `IdentityBlocked` when the
 identity is sent to rest or the lease is lost, so the caller can switch identity. Without a session
-(no identities file) it sends as the one `direct` identity, with no proxy. Waiting for the lanes is
-`pacing.waiting`'s job.
+(no identities file) it sends as the one `direct` identity, with no proxy.
+
+The fetcher sends, classifies and records; when an attempt may go and what follows each answer
+(retry, wait, park or give up) is the request's `pacing.throttle.RequestPacing`'s to say.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
@@ -30,14 +32,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from investigations.classify import (
-    Answer,
-    AnswerJudge,
-    backoff_delay_s,
-    classify,
-    next_step,
-    parse_retry_after_s,
-)
+from investigations.classify import Answer, AnswerJudge, classify, parse_retry_after_s
 from investigations.events import FetchEvent, Outcome, RequestTally
 from investigations.identities import CookieStore, IdentityPool, IdentityVerdict, classify_for_identity
 from investigations.identities.sessions import IdentitySession, Sessions
@@ -49,8 +44,9 @@ from investigations.netguard import (
     system_resolve,
     url_reason,
 )
-from investigations.pacing import RateLanes, identity_lane, source_lane
-from investigations.pacing.waiting import LaneFull, LaneWaiter
+from investigations.pacing import RateLanes
+from investigations.pacing.throttle import RequestPacing
+from investigations.pacing.waiting import LaneWaiter
 from investigations.pinning import allowance_scope
 from investigations.redaction import redact, redact_url
 from investigations.specs import SourceSpec
@@ -128,7 +124,8 @@ class _Attempt:
     proxy_failed: bool = False  # the identity's own proxy could not be reached
     empty: bool = False  # the source's "nothing here"
     slow_down: bool = False  # the source asked us to wait (a 429, or its own way of saying so)
-    wait_s: float | None = None  # how long the source's own headers say to wait, besides Retry-After
+    # How long the answer says to wait: Retry-After, or the source's own headers when they say longer.
+    retry_after_s: float | None = None
     method: str = "GET"  # the last hop's, and the headers it was sent with
     request_headers: dict[str, str] = field(default_factory=dict)
 
@@ -225,75 +222,53 @@ class Fetcher:
         and counted in `tally` (the collection's own count of what it sent) when one is given.
         """
         session = session or self.sessions.direct()
-        identity_id, client, proxied = session.identity_id, session.client, session.proxied
-        lanes = [source_lane(spec), identity_lane(spec, identity_id)]
-        attempt = 0  # attempts that spend the retry budget (a 429 does not)
-        sent = 0
-        throttled = 0
-        park_at = None  # when a run of throttling answers turns into parking
+        pacing = RequestPacing(spec, session.identity_id, waiter=self._waiter, pooled_identity=session.proxied,
+                               background=background, rng=self._rng, clock=self._clock)
         while True:
-            if self._waiter is not None:
-                try:
-                    self._waiter.wait(spec, lanes, park_at, background=background)
-                except LaneFull as full:
-                    raise FetchParked(full.wait_s, None, 0, str(full)) from None
-            sent += 1
-            result = self._attempt(spec, request, client, proxied=proxied, judge=judge)
-            self._sink.record_fetch(
-                FetchEvent(
-                    source=spec.name,
-                    lead_id=lead_id,
-                    identity_id=identity_id,
-                    url=redact_url(result.url),
-                    method=request.method,
-                    status=result.status,
-                    outcome=result.outcome,
-                    latency_ms=result.latency_ms,
-                    bytes=len(result.body),
-                    attempt=sent,
-                    at=self._now(),
-                    run_id=run_id,
-                    error=result.error,
-                )
-            )
-            if tally is not None:
-                tally.add(identity_id, len(result.body))
+            if (wait := pacing.slot()) is not None:
+                raise FetchParked(wait.delay_s, None, 0, wait.reason)
+            result = self._attempt(spec, request, session.client, proxied=session.proxied, judge=judge)
+            self._record(spec, request, result, lead_id=lead_id, run_id=run_id, identity_id=session.identity_id,
+                         attempt=pacing.sent, tally=tally)
             if result.refused:
-                raise FetchFailed("refused", result.status, sent, result.error or "refused")
-            retry_after_s = parse_retry_after_s(result.headers.get("retry-after"), now=self._now())
-            if result.wait_s is not None:
-                retry_after_s = max(retry_after_s or 0.0, result.wait_s)
-            repeat = False
-            if self._lanes is not None:
-                # Sent through a proxy of the pool: a throttle may be that one address's (see feedback).
-                repeat = self._lanes.feedback(lanes, outcome=result.outcome, timed_out=result.timed_out,
-                                              retry_after_s=retry_after_s, throttle=spec.throttle,
-                                              pooled_identity=proxied)
-            self._report(spec, session, result, sent, repeat=repeat)
-            if result.slow_down:
-                # Being told to slow down is not the collection failing: wait (Retry-After is a floor,
-                # the lane already slowed) without spending an attempt, until it lasts too long.
-                throttled += 1
-                park_at = park_at if park_at is not None else self._clock() + spec.throttle.park_after_s
-                delay_s = max(retry_after_s or 0.0, backoff_delay_s(
-                    throttled, base_delay_s=spec.retry.base_delay_s, max_delay_s=spec.retry.max_delay_s, rng=self._rng))
-                if self._clock() + delay_s >= park_at:
-                    raise FetchParked(max(delay_s, spec.throttle.park_after_s / 4), result.status, sent,
-                                      f"throttled {throttled} time(s) in {spec.throttle.park_after_s:.0f} s")
-                self._sleep(delay_s)
-                continue
-            park_at, throttled = None, 0
-            attempt += 1
-            step = next_step(result.outcome, attempt=attempt, retry=spec.retry, retry_after_s=retry_after_s, rng=self._rng)
+                raise FetchFailed("refused", result.status, pacing.sent, result.error or "refused")
+            step = pacing.after(result.outcome, slow_down=result.slow_down, timed_out=result.timed_out,
+                                retry_after_s=result.retry_after_s)
+            self._report(spec, session, result, pacing.sent, repeat=step.repeat)
             if step.action == "done":
                 assert result.status is not None  # OK always comes with a status
-                return FetchResult(result.status, result.body, result.url, sent, result.latency_ms, result.headers,
-                                   empty=result.empty, method=result.method,
-                                   request_headers=result.request_headers, identity_id=identity_id)
+                return FetchResult(result.status, result.body, result.url, pacing.sent, result.latency_ms,
+                                   result.headers, empty=result.empty, method=result.method,
+                                   request_headers=result.request_headers, identity_id=session.identity_id)
+            if step.action == "park":
+                raise FetchParked(step.delay_s, result.status, pacing.sent, step.reason)
             if step.action == "give_up":
                 error = result.error or f"HTTP {result.status}"
-                raise FetchFailed(result.outcome.value, result.status, sent, f"{error} ({step.reason})")
+                raise FetchFailed(result.outcome.value, result.status, pacing.sent, f"{error} ({step.reason})")
             self._sleep(step.delay_s)
+
+    def _record(self, spec: SourceSpec, request: PlannedRequest, result: _Attempt, *, lead_id: str,
+                run_id: str | None, identity_id: str, attempt: int, tally: RequestTally | None) -> None:
+        """Log the attempt as one event of the fetch log (its url redacted), and count it in `tally`."""
+        self._sink.record_fetch(
+            FetchEvent(
+                source=spec.name,
+                lead_id=lead_id,
+                identity_id=identity_id,
+                url=redact_url(result.url),
+                method=request.method,
+                status=result.status,
+                outcome=result.outcome,
+                latency_ms=result.latency_ms,
+                bytes=len(result.body),
+                attempt=attempt,
+                at=self._now(),
+                run_id=run_id,
+                error=result.error,
+            )
+        )
+        if tally is not None:
+            tally.add(identity_id, len(result.body))
 
     def _report(self, spec: SourceSpec, session: IdentitySession, result: _Attempt, sent: int, *,
                 repeat: bool = False) -> None:
@@ -369,22 +344,33 @@ class Fetcher:
                 if status == 303 or (status in (301, 302) and method == "POST"):
                     method = "GET"  # what browsers do, and what servers sending these expect
                 continue
-            outcome = Outcome.PERMANENT if error else classify(status)
-            verdict = None
-            if judge is not None and not error:
-                verdict = judge.judge(Answer(status, response_headers, body), now=self._now())
-            if verdict is not None:
-                outcome, error = verdict.outcome, verdict.reason
-            if outcome is Outcome.OK and _is_block_page(spec, status, body):
-                # A block or challenge page served as an answer: parsing it would store nothing, silently.
-                outcome, error, verdict = Outcome.BLOCKED, f"HTTP {status} with a block page", None
-            return _Attempt(url, status, outcome, body, response_headers, elapsed_ms(),
-                            error or _status_error(status, outcome),
-                            empty=verdict is not None and verdict.empty,
-                            slow_down=verdict.slow_down if verdict is not None else status == 429,
-                            wait_s=verdict.retry_after_s if verdict is not None else None,
-                            method=method, request_headers=sent_headers)
+            return self._judged(spec, judge, _Attempt(url, status, Outcome.PERMANENT, body, response_headers,
+                                                      elapsed_ms(), error, method=method,
+                                                      request_headers=sent_headers))
         raise AssertionError("unreachable: the loop returns on its last hop")
+
+    def _judged(self, spec: SourceSpec, judge: AnswerJudge | None, sent: _Attempt) -> _Attempt:
+        """An answer classified: by HTTP's general rules, then by the source's own (`judge`, where its
+        statuses and headers say more), a block page caught whatever its status; and how long the
+        answer says to wait. `sent` carries the answer and an error only when its body was unusable."""
+        status, error = sent.status, sent.error
+        assert status is not None  # an answer, not a failure to get one
+        outcome = Outcome.PERMANENT if error else classify(status)
+        verdict = None
+        if judge is not None and not error:
+            verdict = judge.judge(Answer(status, sent.headers, sent.body), now=self._now())
+        if verdict is not None:
+            outcome, error = verdict.outcome, verdict.reason
+        if outcome is Outcome.OK and _is_block_page(spec, status, sent.body):
+            # A block or challenge page served as an answer: parsing it would store nothing, silently.
+            outcome, error, verdict = Outcome.BLOCKED, f"HTTP {status} with a block page", None
+        retry_after_s = parse_retry_after_s(sent.headers.get("retry-after"), now=self._now())
+        if verdict is not None and verdict.retry_after_s is not None:
+            retry_after_s = max(retry_after_s or 0.0, verdict.retry_after_s)
+        return replace(sent, outcome=outcome, error=error or _status_error(status, outcome),
+                       empty=verdict is not None and verdict.empty,
+                       slow_down=verdict.slow_down if verdict is not None else status == 429,
+                       retry_after_s=retry_after_s)
 
     def _refusal(self, url: str, allowance: TargetAllowance, *, proxied: bool) -> str | None:
         """Why `url` must not be fetched, or None. Its literal form is judged here; a direct

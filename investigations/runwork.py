@@ -103,17 +103,9 @@ class RunWork(Generic[Outcome]):
                     now = self._clock()
                     if running or self._pending:
                         last_busy = now
-                    if not self._open:
-                        continue
-                    if now - started >= self._open_for_s or now - last_busy >= self._linger_s:
-                        self._close()
-                        continue
-                    if now >= next_look:
-                        self._take_joined()
-                        next_look = now + POLL_S
-                    if now >= next_renewal:
-                        self._renew()
-                        next_renewal = now + RENEW_S
+                    if self._open:
+                        next_look, next_renewal = self._keep_open(now, started=started, last_busy=last_busy,
+                                                                  next_look=next_look, next_renewal=next_renewal)
             except BaseException:
                 # A terminated run stops after the leads in flight instead of collecting the rest of
                 # its work first; those go back to the queue as its handover's owed rows.
@@ -122,6 +114,21 @@ class RunWork(Generic[Outcome]):
             finally:
                 if self._open:
                     self._store.close_collector(self._key)
+
+    def _keep_open(self, now: float, *, started: float, last_busy: float, next_look: float,
+                   next_renewal: float) -> tuple[float, float]:
+        """An open run's housekeeping at `now`: close when open long enough or idle past the linger,
+        else take what joined and renew the open mark, each on its own period. The next times for both."""
+        if now - started >= self._open_for_s or now - last_busy >= self._linger_s:
+            self._close()
+            return next_look, next_renewal
+        if now >= next_look:
+            self._take_joined()
+            next_look = now + POLL_S
+        if now >= next_renewal:
+            self._renew()
+            next_renewal = now + RENEW_S
+        return next_look, next_renewal
 
     def _renew(self) -> None:
         self._store.open_collector(self._key, self._source, until_s=self._wall() + OPEN_LEASE_S)

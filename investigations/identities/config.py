@@ -275,9 +275,23 @@ def parse_identities(
     if not isinstance(profiles, dict):
         raise IdentityError(f"{origin}: `fingerprints:` must map profile names to fingerprints")
 
+    entries, problems = _entries(raw["identities"], defaults, profiles, tiers, origin=origin, env=env)
+    if problems:
+        raise IdentityError("\n".join(problems))
+    try:
+        return IdentityCatalog.model_validate({"tiers": tiers, "identities": entries})
+    except ValidationError as exc:
+        raise IdentityError(describe_errors(origin, exc, entries, collection="identities", label="identity",
+                                            name_key="id")) from None
+
+
+def _entries(identities: list[Any], defaults: dict[str, Any], profiles: dict[str, Any], tiers: list[str], *,
+             origin: str, env: Mapping[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each identity with the defaults under it, `${VAR}`s expanded and its fingerprint profile filled
+    in; and the problems found (each naming the identity and key)."""
     entries: list[dict[str, Any]] = []
     problems: list[str] = []
-    for index, entry in enumerate(raw["identities"]):
+    for index, entry in enumerate(identities):
         label = entry.get("id", f"#{index + 1}") if isinstance(entry, dict) else f"#{index + 1}"
         where = f"{origin}: identity {label!r}"
         if not isinstance(entry, dict):
@@ -301,13 +315,7 @@ def parse_identities(
             problems.append(f"{where}: key 'tier': {expanded['tier']!r} is not one of tiers {tiers}")
             continue
         entries.append(expanded)
-    if problems:
-        raise IdentityError("\n".join(problems))
-    try:
-        return IdentityCatalog.model_validate({"tiers": tiers, "identities": entries})
-    except ValidationError as exc:
-        raise IdentityError(describe_errors(origin, exc, entries, collection="identities", label="identity",
-                                            name_key="id")) from None
+    return entries, problems
 
 
 class _LiteralSecret(ValueError):

@@ -1,4 +1,5 @@
-"""Pacing: rate lanes (shared GCRA), heavy-tailed jitter, AIMD slow-down and per-source circuit breakers.
+"""Pacing: rate lanes (shared GCRA), heavy-tailed jitter, AIMD slow-down, per-source circuit breakers,
+and one request's throttle (`throttle.RequestPacing`: when it goes, and retry, wait or park).
 
 Plain Python with time and randomness injected, so every rule is testable in milliseconds.
 """

@@ -99,7 +99,7 @@ async def _answer(request: Request, b: SourceBehaviour, fmt: str, seed: int) -> 
     return JSONResponse({"query": {"kind": kind, "q": q}, "results": results})
 
 
-def create_app(config: SandboxConfig | None = None) -> Starlette:
+def create_app(config: SandboxConfig | None = None) -> Starlette:  # noqa: C901 - its routes are nested in it
     """Build the sandbox app; its behaviour state is at `app.state.sandbox` (a SandboxState)."""
     config = config or SandboxConfig()
     state = SandboxState(config)
