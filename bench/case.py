@@ -2,7 +2,7 @@
 
 This is the product path an investigator takes: the case system sends a whole case in ONE signed
 delivery, and the investigator waits until every lead of it is collected. For each mode a fleet is
-started on loopback as a deployment runs it (README, "Deploying"), as `bench.product` starts it
+started on loopback as a deployment runs it (docs/deploying.md), as `bench.product` starts it
 (`bench.fleet_process`): the project's code server as a service of its own (`dagster code-server
 start`: sensors, and the run workers as its children), `dagster-daemon` on `deploy/workspace.yaml`
 (run queue, sensor ticks), the webhook intake and the sandbox web, in temp dirs with free ports. In

@@ -1,6 +1,6 @@
 """The product path at the ceiling: leads a user adds, backfilled in batches, against a real limiter.
 
-For each configuration a fleet is started on loopback as a deployment runs it (README, "Deploying"):
+For each configuration a fleet is started on loopback as a deployment runs it (docs/deploying.md):
 the project's code server as a service of its own (`dagster code-server start`: sensors, and the run
 workers as its children), `dagster-daemon` on `deploy/workspace.yaml` (run queue, sensor ticks), the
 webhook intake and the sandbox web, in temp dirs with free ports (`bench.fleet_process`). In front
@@ -16,7 +16,7 @@ the first request nginx logs; the run lasts `--duration-s` from there.
 
 Configurations (one bench run, one after the other, each with a fresh fleet, nginx and proxies):
 - `right`: the source configured to the limiter (rates as nginx's, bursts one below nginx's, as the
-  README says); goal OK/s / ceiling >= 0.97 after the first 30 s and 0 refusals.
+  docs/configuration.md says); goal OK/s / ceiling >= 0.97 after the first 30 s and 0 refusals.
 - `high`: the source configured at twice the limiter's rates; AIMD must bring it down (nginx sends
   no Retry-After); goal at most 1 % refused after the first 30 s and >= 0.90 of the ceiling.
 - `defend`: configured right, against a target that defends itself: nginx passes its refusals on

@@ -1,7 +1,7 @@
 """Settings read from the environment, with the defaults `make run` and the tests rely on.
 
 Every knob an operator may turn lives here, named after its `INVESTIGATIONS_*` variable, so the
-README's configuration reference and the code cannot drift apart.
+configuration reference (docs/configuration.md) and the code cannot drift apart.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ What a request may reach on a private network (its source's origin, an operator'
 set per request with `allowance_scope`; without one nothing private is allowed.
 
 Through a forward or SOCKS proxy the proxy resolves the target (httpcore sends it the name), so
-the proxy's connection is not pinned here: see the README's SSRF guard notes.
+the proxy's connection is not pinned here: see docs/design.md, "SSRF guard".
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from investigations.store import StateStore
 
 pytestmark = pytest.mark.e2e
 
-RECOVERY_S = 120  # the promise in the README: a killed run's lead is collected again within 2 minutes
+RECOVERY_S = 120  # well past docs/operations.md's promise for a killed run worker (about 2-5 s to the retry)
 
 
 def _worker_pids(instance, run_id: str) -> list[int]:
