@@ -13,10 +13,10 @@ from assets.requeue import requeue_dead_letters_job
 from assets.sources import build_source_asset
 from investigations.catalog import load_catalog
 from investigations.config import Settings
+from resources.dagster_internals import read_migration_scripts_once
 from resources.fleet import FleetResource
 from resources.identities import IdentityPoolResource
 from resources.slack import SLACK_API_URL, FleetSlack
-from resources.storage_scripts import read_migration_scripts_once
 from sensors.alerts import build_slack_alerts_sensor
 from sensors.dead_letters import dead_letter_report
 from sensors.dead_runs import build_dead_runs_sensor
@@ -58,6 +58,6 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
 
 
 # The code server opens a Dagster instance for every sensor tick, and a run worker one per run: each
-# opening re-read Dagster's migration scripts (resources/storage_scripts.py). Read them once.
+# opening re-read Dagster's migration scripts (resources/dagster_internals.py). Read them once.
 read_migration_scripts_once()
 defs = build_definitions()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dagster import AssetCheckKey, AssetSelection, define_asset_job
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from assets.naming import EMPTY_CHECK_NAME, job_name, source_asset_key
 from investigations.specs import SourceSpec
+from resources.dagster_internals import UnresolvedAssetJobDefinition
 
 # define_asset_job's return type is not exported at dagster's top level (1.13).
 SourceJob = UnresolvedAssetJobDefinition

@@ -26,6 +26,7 @@ from dagster import (
     AssetSpec,
     BackfillPolicy,
     Backoff,
+    DagsterInstance,
     Failure,
     Jitter,
     MetadataValue,
@@ -34,10 +35,6 @@ from dagster import (
     RetryPolicy,
     multi_asset,
 )
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData,
-)
-from dagster._core.instance import DagsterInstance
 
 from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, source_asset_key
 from assets.partitions import leads_partitions
@@ -58,6 +55,7 @@ from investigations.runwork import RunWork
 from investigations.specs import SourceSpec
 from investigations.store import QueuedCollection, StateStore
 from investigations.store.state import utcnow
+from resources.dagster_internals import AssetCheckEvaluationTargetMaterializationData
 from resources.fleet import FleetResource
 
 # A batch's check results go to Dagster in groups of this many leads, or once the oldest has waited

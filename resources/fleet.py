@@ -14,8 +14,8 @@ from investigations.config import Settings
 from investigations.records import RecordStore
 from investigations.specs import SourceCatalog
 from investigations.store import StateStore
+from resources.dagster_internals import hold_connections_for_the_run
 from resources.identities import IdentityPoolResource
-from resources.storage_connections import hold_connections_for_the_run
 
 
 class FleetResource(ConfigurableResource):

@@ -17,13 +17,13 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from assets.health import source_check_specs
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from investigations.alerts import AlertState, Condition, asset_path, due_alerts, new_dead_letters, remembered
 from investigations.pacing import Circuits
 from investigations.specs import SourceCatalog
+from resources.dagster_internals import AssetCheckExecutionRecordStatus
 from resources.fleet import FleetResource
 from resources.slack import FleetSlack
 

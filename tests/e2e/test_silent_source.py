@@ -7,12 +7,12 @@ import time
 
 import pytest
 from dagster import AssetCheckKey
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from assets.fleet import HEALTH_KEY
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from investigations.demo import send_case
 from investigations.leads import normalize_lead
+from resources.dagster_internals import AssetCheckExecutionRecordStatus
 from sensors.alerts import INTERVAL_S
 from sensors.fleet_health import INTERVAL_S as HEALTH_INTERVAL_S
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 from dagster import AssetCheckKey, DagsterRunStatus, RunsFilter
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from investigations.demo import send_case
@@ -13,6 +12,7 @@ from investigations.leads import normalize_lead
 from investigations.priority import CASE_TAG
 from investigations.records import RecordStore
 from investigations.store import StateStore
+from resources.dagster_internals import AssetCheckExecutionRecordStatus
 
 pytestmark = pytest.mark.e2e
 

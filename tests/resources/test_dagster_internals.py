@@ -1,16 +1,25 @@
-"""A run worker keeps its Dagster storage connections open for the run; a sensor's resources do not.
+"""Dagster's private internals, hook by hook (resources/dagster_internals.py).
 
-Postgres: Dagster's own pool switch. SQLite: the run-sharded event log keeps one engine per file."""
+Each hook's assumptions about the installed Dagster are checked first, and fail naming the hook when
+an upgrade breaks one. Then what each does: a run worker keeps its Dagster storage connections open
+for the run while a sensor's resources do not (Postgres: Dagster's own pool switch; SQLite: the
+run-sharded event log keeps one engine per file); Dagster's migration scripts are read once per
+process, and instances opened from a ref still work."""
 
 from __future__ import annotations
 
+import inspect
 import sqlite3.dbapi2
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import dagster
+import dagster._core.storage.runs.sqlite.sqlite_run_storage as sqlite_runs
 import pytest
 import yaml
+from alembic.config import Config
+from alembic.script import ScriptDirectory
 from dagster import (
     AssetKey,
     AssetMaterialization,
@@ -19,12 +28,78 @@ from dagster import (
     build_resources,
     materialize,
 )
+from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.sql import get_alembic_config
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from resources.dagster_internals import (
+    AssetCheckEvaluationTargetMaterializationData,
+    AssetCheckExecutionRecordStatus,
+    HeldShards,
+    UnresolvedAssetJobDefinition,
+    hold_connections_for_the_run,
+    read_migration_scripts_once,
+    remember_asset_key_columns,
+)
 from resources.fleet import FleetResource
-from resources.storage_connections import HeldShards, hold_connections_for_the_run, remember_asset_key_columns
 from tests.conftest import POSTGRES_URL, require_postgres
+
+# The Dagster these hooks were last checked against: moving the pin means checking each hook again
+# (docs/deploying.md, "Upgrading Dagster"), then this line.
+CHECKED_WITH_DAGSTER = "1.13.27"
+
+
+def _parameters(function: object) -> list[str]:
+    return list(inspect.signature(function).parameters)  # type: ignore[arg-type]
+
+
+def _required(function: object) -> list[str]:
+    """The parameters a call must give (those without a default)."""
+    return [name for name, parameter in inspect.signature(function).parameters.items()  # type: ignore[arg-type]
+            if parameter.default is inspect.Parameter.empty]
+
+
+def test_the_hooks_were_checked_against_the_installed_dagster() -> None:
+    assert dagster.__version__ == CHECKED_WITH_DAGSTER, (
+        f"Dagster {dagster.__version__} is installed; the private hooks in resources/dagster_internals.py were "
+        f"checked against {CHECKED_WITH_DAGSTER}: check each (docs/deploying.md, Upgrading Dagster), then move "
+        "CHECKED_WITH_DAGSTER")
+
+
+def test_hook_held_connections_finds_dagster_s_pool_switch() -> None:
+    assert {"statement_timeout", "pool_recycle", "max_overflow"} <= set(
+        _parameters(DagsterInstance.optimize_for_webserver)), "hold_connections_for_the_run: optimize_for_webserver"
+
+
+def test_hook_asset_key_columns_finds_the_column_check_it_replaces() -> None:
+    assert _parameters(SqlEventLogStorage._has_asset_key_col_on_connection) == ["self", "conn", "column_name"], \
+        "remember_asset_key_columns: SqlEventLogStorage._has_asset_key_col_on_connection(conn, column_name)"
+
+
+def test_hook_held_shards_finds_every_sqlite_event_log_member_it_uses() -> None:
+    expected = {"_connect": ["self", "shard"], "has_table": ["self", "table_name"], "dispose": ["self"],
+                "_initdb": ["self", "engine"], "conn_string_for_shard": ["self", "shard_name"]}
+    found = {name: _required(getattr(SqliteEventLogStorage, name, None) or (lambda: None)) for name in expected}
+    assert found == expected, "HeldShards: SqliteEventLogStorage's members changed (as Dagster's _connect calls them)"
+    assert "_initialized_dbs" in SqliteEventLogStorage.__init__.__code__.co_names or \
+        "_initialized_dbs" in inspect.getsource(SqliteEventLogStorage), "HeldShards: _initialized_dbs"
+    assert "_db_lock" in inspect.getsource(SqliteEventLogStorage), "HeldShards: _db_lock"
+
+
+def test_hook_migration_scripts_finds_alembic_s_script_directory_builder() -> None:
+    assert isinstance(ScriptDirectory.__dict__["from_config"], classmethod), \
+        "read_migration_scripts_once: ScriptDirectory.from_config is no longer a classmethod"
+    location = get_alembic_config(sqlite_runs.__file__).get_alembic_option("script_location")
+    assert location and location.startswith("dagster:"), \
+        f"read_migration_scripts_once: Dagster's script location is {location!r}, not a dagster: resource"
+
+
+def test_the_private_types_are_still_where_they_are_imported_from() -> None:
+    assert AssetCheckExecutionRecordStatus.FAILED.value == "FAILED"
+    assert {"storage_id", "run_id", "timestamp"} <= set(AssetCheckEvaluationTargetMaterializationData._fields)
+    assert isinstance(dagster.define_asset_job("probe"), UnresolvedAssetJobDefinition)
 
 
 def _admin(sql: str, **params: object) -> list[tuple]:
@@ -227,3 +302,27 @@ def test_an_asset_key_column_found_is_asked_for_once_and_a_missing_one_each_time
         assert not storage._has_asset_key_col_on_connection(conn, "not_yet")
         assert not storage._has_asset_key_col_on_connection(conn, "not_yet")
     assert asked.count("not_yet") == 2
+
+
+# -- Dagster's migration scripts, read once per process -------------------------------------------
+
+
+def test_dagster_script_directories_are_built_once_and_others_each_time(tmp_path: Path) -> None:
+    read_migration_scripts_once()
+    read_migration_scripts_once()  # idempotent: not wrapped twice
+    dagster_config = get_alembic_config(sqlite_runs.__file__)
+    assert ScriptDirectory.from_config(dagster_config) is ScriptDirectory.from_config(dagster_config)
+    (tmp_path / "versions").mkdir()
+    other = Config()
+    other.set_main_option("script_location", str(tmp_path))
+    assert ScriptDirectory.from_config(other) is not ScriptDirectory.from_config(other)
+
+
+def test_an_instance_opened_from_its_ref_still_reads_and_writes(tmp_path: Path) -> None:
+    read_migration_scripts_once()
+    with DagsterInstance.local_temp(str(tmp_path)) as instance:
+        ref = instance.get_ref()
+        instance.add_dynamic_partitions("leads", ["a"])
+    for _ in range(2):
+        with DagsterInstance.from_ref(ref) as again:
+            assert again.get_dynamic_partitions("leads") == ["a"]
