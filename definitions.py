@@ -11,8 +11,8 @@ from assets.health import build_source_health_checks, build_source_health_schedu
 from assets.jobs import build_source_job
 from assets.requeue import requeue_dead_letters_job
 from assets.sources import build_source_asset
-from investigations.catalog import load_catalog
 from investigations.config import Settings
+from investigations.sources.catalog import load_catalog
 from resources.dagster_internals import read_migration_scripts_once
 from resources.fleet import FleetResource
 from resources.identities import IdentityPoolResource

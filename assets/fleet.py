@@ -5,7 +5,7 @@ from typing import Any
 
 from dagster import AssetKey, AssetSelection, MaterializeResult, MetadataValue, asset, define_asset_job
 
-from investigations.fleetstats import NUMERIC_FIGURES, fleet_figures
+from investigations.fleet.stats import NUMERIC_FIGURES, fleet_figures
 from investigations.pacing import Circuits
 from resources.fleet import FleetResource
 

@@ -3,7 +3,7 @@
 A lead's own check (`not_silently_empty`) runs with its collection. What no single lead shows runs
 here, every few minutes, whether or not the source is collecting: freshness of the leads it
 monitors, its canary leads, a spike of refusals, a drop of volume. The judgements are the engine's
-(`investigations.degradation.judge_source`); this module only reports them to Dagster.
+(`investigations.fleet.degradation.judge_source`); this module only reports them to Dagster.
 """
 
 from collections.abc import Iterator
@@ -23,9 +23,9 @@ from dagster import (
 
 from assets.naming import SOURCE_CHECK_NAMES, source_asset_key
 from assets.sources import severity_of, verdict_metadata
-from investigations.cost import spend_today
-from investigations.degradation import judge_source
-from investigations.specs import SourceCatalog
+from investigations.fleet.degradation import judge_source
+from investigations.scheduling.cost import spend_today
+from investigations.sources.specs import SourceCatalog
 from investigations.store.state import utcnow
 from resources.fleet import FleetResource
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dagster import AssetCheckKey, AssetSelection, define_asset_job
 
 from assets.naming import EMPTY_CHECK_NAME, job_name, source_asset_key
-from investigations.specs import SourceSpec
+from investigations.sources.specs import SourceSpec
 from resources.dagster_internals import UnresolvedAssetJobDefinition
 
 # define_asset_job's return type is not exported at dagster's top level (1.13).

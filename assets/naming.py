@@ -7,7 +7,7 @@ from dagster import AssetKey
 SOURCE_GROUP = "sources"
 EMPTY_CHECK_NAME = "not_silently_empty"
 # The source-level checks (one result per source, on the schedule of `source_health`), by the
-# judgement of `investigations.degradation.judge_source` each reports.
+# judgement of `investigations.fleet.degradation.judge_source` each reports.
 SOURCE_CHECK_NAMES = {
     "fresh": "fresh_within_cadence",
     "canaries": "canaries_pass",

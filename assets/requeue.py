@@ -4,9 +4,9 @@ with the same filters as `investigations dlq requeue`. Idempotent: launched twic
 from dagster import Config, Failure, MetadataValue, OpExecutionContext, Output, job, op
 from pydantic import Field
 
-from investigations.collect import DEAD_LETTER_REASONS
-from investigations.leads import LeadError, lead_id_of
-from investigations.priority import PriorityClass
+from investigations.collection.collect import DEAD_LETTER_REASONS
+from investigations.intake.leads import LeadError, lead_id_of
+from investigations.scheduling.priority import PriorityClass
 from resources.fleet import FleetResource
 
 REQUEUE_JOB = "requeue_dead_letters"

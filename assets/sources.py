@@ -38,11 +38,12 @@ from dagster import (
 
 from assets.naming import EMPTY_CHECK_NAME, SOURCE_GROUP, op_name, pool_name, source_asset_key
 from assets.partitions import leads_partitions
-from investigations.collect import CollectionFailed, CollectionParked, CollectionResult
-from investigations.cost import collection_cost_usd, identity_prices, over_budget, spend_today
-from investigations.degradation import BASELINE_COLLECTIONS, Verdict, answer_verdict
-from investigations.dispatch import batch_size
-from investigations.priority import (
+from investigations.collection.collect import CollectionFailed, CollectionParked, CollectionResult
+from investigations.collection.runwork import RunWork
+from investigations.fleet.degradation import BASELINE_COLLECTIONS, Verdict, answer_verdict
+from investigations.scheduling.cost import collection_cost_usd, identity_prices, over_budget, spend_today
+from investigations.scheduling.dispatch import batch_size
+from investigations.scheduling.priority import (
     BACKGROUND_NICENESS,
     CASE_TAG,
     HANDOVER_TAG,
@@ -51,8 +52,7 @@ from investigations.priority import (
     PriorityClass,
     is_background,
 )
-from investigations.runwork import RunWork
-from investigations.specs import SourceSpec
+from investigations.sources.specs import SourceSpec
 from investigations.store import QueuedCollection, StateStore
 from investigations.store.state import utcnow
 from resources.dagster_internals import AssetCheckEvaluationTargetMaterializationData
@@ -100,7 +100,7 @@ def empty_check(
     sample_keys: list[str],
     target: AssetCheckEvaluationTargetMaterializationData | None = None,
 ) -> AssetCheckEvaluation:
-    """The lead's answer judged (see `investigations.degradation.answer_verdict`): ERROR when the
+    """The lead's answer judged (see `investigations.fleet.degradation.answer_verdict`): ERROR when the
     source gave fewer records than its fixed minimum, WARN when short of its own recent median or
     missing fields its answers always had.
 

@@ -134,12 +134,12 @@ class FleetMode:
     """The engine: one Collector over a pool, lanes and circuits in a SQLite store, driven by threads."""
 
     def __init__(self, url: str, proxy_urls: Sequence[str], workdir: Path, *, source_headroom: float) -> None:
-        from investigations.collect import Collector
-        from investigations.fetcher import Fetcher
+        from investigations.collection.collect import Collector
+        from investigations.collection.fetcher import Fetcher
+        from investigations.evidence.records import RecordStore
         from investigations.identities import CookieStore, IdentityPool, parse_identities
         from investigations.pacing import Circuits, GapSampler, RateLanes
-        from investigations.records import RecordStore
-        from investigations.specs import parse_sources
+        from investigations.sources.specs import parse_sources
         from investigations.store import StateStore
 
         self.store = StateStore.from_url(f"sqlite:///{workdir / 'fleet.db'}")
@@ -160,8 +160,8 @@ class FleetMode:
 
     def drive(self, worker: int, deadline_s: float) -> None:
         """Collect fresh leads one after another until the deadline."""
-        from investigations.collect import CollectionFailed, CollectionParked
-        from investigations.leads import normalize_lead
+        from investigations.collection.collect import CollectionFailed, CollectionParked
+        from investigations.intake.leads import normalize_lead
 
         rng = random.Random(SEED * 1009 + worker)
         n = 0
@@ -222,8 +222,8 @@ class NaiveMode:
 
     def __init__(self, url: str, proxy_urls: Sequence[str], workdir: Path) -> None:
         from investigations.adapters import build_adapter
-        from investigations.records import RecordStore
-        from investigations.specs import parse_sources
+        from investigations.evidence.records import RecordStore
+        from investigations.sources.specs import parse_sources
 
         self.spec = parse_sources(source_yaml(url), origin="bench/burn").get("banning")
         self.adapter = build_adapter(self.spec)
@@ -236,7 +236,7 @@ class NaiveMode:
         self.errors: list[str] = []
 
     def drive(self, start_s: float, deadline_s: float) -> None:
-        from investigations.leads import normalize_lead
+        from investigations.intake.leads import normalize_lead
 
         n = 0
         try:

@@ -16,7 +16,7 @@ with `concurrency` collections in flight per run. A source's ceiling is min(site
 identities x per-address rate). The fleet's sources file is the repo's, plus the measured sources.
 
 Once the daemon's `new_leads` sensor ticks, ONE delivery is sent to the intake (`POST /v1/leads`,
-Standard Webhooks headers signed with the fleet's secret: `investigations.demo.send_case`): N
+Standard Webhooks headers signed with the fleet's secret: `investigations.demo.case.send_case`): N
 distinct domain leads, `priority: interactive`, the mode's `sources`, one case id. The clock starts
 at the intake's 202 (a 202 means the case is stored). The bench then waits until every (source, lead)
 of the case is settled (a row in the store's `collections` table and no row of it left in the
@@ -387,7 +387,7 @@ class FreshSender(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        from investigations.demo import send_case
+        from investigations.demo.case import send_case
 
         for lead in self.plan:
             if self._halt.wait(max(0.0, self.accepted_s + lead.offset_s - time.time())):
@@ -421,8 +421,8 @@ def run_mode(mode: Mode, args: Any, workdir: Path) -> dict[str, Any]:
 def measure_mode(mode: Mode, args: Any, workdir: Path, databases: Sequence[str]) -> dict[str, Any]:
     from dagster import DagsterInstance
 
-    from investigations.demo import send_case
-    from investigations.devfleet import stop_all
+    from investigations.demo.case import send_case
+    from investigations.demo.fleet import stop_all
 
     dagster_yaml = (ROOT / "dagster.yaml").read_text()
     if databases:

@@ -162,8 +162,8 @@ class _Driver:
 
     def __init__(self, plan: WorkerPlan, thread_no: int, store: Any, lanes: Any) -> None:
         from investigations.adapters import build_adapter
-        from investigations.fetcher import Fetcher
-        from investigations.specs import SourceSpec
+        from investigations.collection.fetcher import Fetcher
+        from investigations.sources.specs import SourceSpec
 
         self.plan, self.thread_no = plan, thread_no
         self.rng = random.Random(plan.seed * 1009 + thread_no)
@@ -179,8 +179,8 @@ class _Driver:
                                user_agent=f"bench/{plan.group}/{plan.identity_id}")
 
     def drive(self, deadline_s: float) -> None:
-        from investigations.fetcher import FetchFailed, FetchParked
-        from investigations.leads import normalize_lead
+        from investigations.collection.fetcher import FetchFailed, FetchParked
+        from investigations.intake.leads import normalize_lead
 
         self.sleep.deadline_s = deadline_s
         plan, n = self.plan, 0

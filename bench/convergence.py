@@ -60,7 +60,7 @@ sources:
 
 def fleet_spec(url: str) -> dict[str, Any]:
     """The fleet's source (as in sources.yaml's fragile entry), configured at FLEET_RATE_PER_S."""
-    from investigations.specs import parse_sources
+    from investigations.sources.specs import parse_sources
 
     text = _SPEC.replace("URL", url).replace("RATE", str(FLEET_RATE_PER_S)).replace("BURST", str(FLEET_BURST))
     return dump_spec(parse_sources(text, origin="bench/convergence").sources[0])

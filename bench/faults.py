@@ -131,7 +131,7 @@ class Fleet:
         return proc.pid
 
     def stop(self) -> None:
-        from investigations.devfleet import stop_all
+        from investigations.demo.fleet import stop_all
 
         stop_all([*self.procs.values(), *self.retired])
         self.procs.clear()
@@ -210,7 +210,7 @@ def prepare(backend: str, base: Path, *, backfill_leads: int, pg: PostgresServer
         "identities": [{"id": name, "range": name, "tier": "datacenter"} for name in IDENTITIES],
     }, sort_keys=False))
     sandbox_port, intake_port = free_port(), free_port()
-    from investigations.devfleet import DAGSTER_ENV
+    from investigations.demo.fleet import DAGSTER_ENV
 
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("INVESTIGATIONS_", "DAGSTER_"))},
@@ -269,7 +269,7 @@ def plan_deliveries(backend: str, leads: int, share: float, rng: random.Random, 
 
 
 def _post(fleet: Fleet, delivery: Delivery) -> httpx.Response | None:
-    from investigations.demo import send_case
+    from investigations.demo.case import send_case
 
     try:
         return send_case(fleet.intake_url, SECRET, delivery.body, webhook_id=delivery.webhook_id)
@@ -290,7 +290,7 @@ class Sender(threading.Thread):
         self.error: str | None = None
 
     def run(self) -> None:
-        from investigations.devfleet import wait_http
+        from investigations.demo.fleet import wait_http
 
         try:
             for delivery in self.deliveries:
@@ -332,7 +332,7 @@ class FileWatch(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        from investigations.records import RecordStore
+        from investigations.evidence.records import RecordStore
 
         while not self.stopping.wait(0.5):
             for path in self.records_dir.glob("*/*.parquet"):
@@ -532,8 +532,8 @@ def settled(store: Any, expected: set[tuple[str, str]]) -> tuple[set[tuple[str, 
 def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
     from dagster import DagsterInstance
 
-    from investigations.devfleet import wait_http
-    from investigations.leads import normalize_lead
+    from investigations.demo.fleet import wait_http
+    from investigations.intake.leads import normalize_lead
     from investigations.store import StateStore
 
     rng = random.Random(f"{args.seed}:{backend}")
@@ -639,7 +639,7 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
                 proc = fleet.procs.pop(name, None)
                 if proc is not None:
                     fleet.retired.append(proc)
-            from investigations.devfleet import stop_all
+            from investigations.demo.fleet import stop_all
 
             stop_all(fleet.retired)
             fleet.retired.clear()
@@ -674,10 +674,10 @@ def reference_pass(fleet: Fleet, store: Any, expected: set[tuple[str, str]]) -> 
     same sandbox (its answers are a pure function of source and lead): the files to compare with."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from investigations.catalog import load_catalog
-    from investigations.collect import Collector
-    from investigations.fetcher import Fetcher
-    from investigations.records import RecordStore
+    from investigations.collection.collect import Collector
+    from investigations.collection.fetcher import Fetcher
+    from investigations.evidence.records import RecordStore
+    from investigations.sources.catalog import load_catalog
     from investigations.store import StateStore
 
     _control(fleet, INTERACTIVE_SOURCE, {"delay_s": [0.0, 0.0]})
@@ -716,9 +716,9 @@ def analyse(fleet: Fleet, instance: Any, store: Any, deliveries: list[Delivery],
     from dagster import DagsterRunStatus
     from sqlalchemy import select
 
-    from investigations.catalog import load_catalog
+    from investigations.evidence.records import RecordStore
     from investigations.identities.leasing import lease_ttl_s
-    from investigations.records import RecordStore
+    from investigations.sources.catalog import load_catalog
     from investigations.store import schema as s
 
     ok, dead = settled(store, expected)

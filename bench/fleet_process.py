@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from investigations.devfleet import DAGSTER_ENV
+from investigations.demo.fleet import DAGSTER_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -261,7 +261,7 @@ class Fleet:
             time.sleep(min(left, 1.0))
 
     def stop(self) -> None:
-        from investigations.devfleet import stop_all
+        from investigations.demo.fleet import stop_all
 
         stop_all(list(self.procs.values()))
 
@@ -316,7 +316,7 @@ def start_fleet(fleet: Fleet, *, timeout_s: float = START_TIMEOUT_S,
     create the same SQLite storage at once can leave it with two schema heads). On failure every
     process already started is stopped.
     """
-    from investigations.devfleet import wait_http
+    from investigations.demo.fleet import wait_http
 
     env = fleet.env
     sandbox_port = env["INVESTIGATIONS_SANDBOX_PORT"]
@@ -427,11 +427,11 @@ def run_engine(plan: Mapping[str, int], *, deadline_s: float, seed: int) -> dict
     and identities leased from the fleet's pool when `INVESTIGATIONS_IDENTITIES` names a file. CPU is this
     process's own (all threads) during the collections only: imports and setup
     are left out, as a long-running fleet pays them once."""
-    from investigations.catalog import load_catalog
-    from investigations.collect import CollectionFailed, CollectionParked, Collector
+    from investigations.collection.collect import CollectionFailed, CollectionParked, Collector
     from investigations.composition import open_engine
     from investigations.config import Settings
-    from investigations.leads import normalize_lead
+    from investigations.intake.leads import normalize_lead
+    from investigations.sources.catalog import load_catalog
     from investigations.store import StateStore
 
     settings = Settings.from_env()

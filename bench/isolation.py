@@ -81,7 +81,7 @@ sources:
 
 def specs(url: str) -> dict[str, dict[str, Any]]:
     """The bench's sources by name, built like sources.yaml entries and pointed at the sandbox."""
-    from investigations.specs import parse_sources
+    from investigations.sources.specs import parse_sources
 
     catalog = parse_sources(_SPECS.replace("URL", url), origin="bench/isolation")
     return {spec.name: dump_spec(spec) for spec in catalog.sources}

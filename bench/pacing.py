@@ -77,7 +77,7 @@ sources:
 
 def fleet_spec(url: str, lane_burst: int = BURST) -> dict[str, Any]:
     """The fleet's source pointed at one limiter, rate and burst as nginx's (built like sources.yaml)."""
-    from investigations.specs import parse_sources
+    from investigations.sources.specs import parse_sources
 
     text = (_SPEC.replace("URL", url).replace("RATE", str(RATE_PER_S)).replace("LANE_BURST", str(lane_burst))
             .replace("WORKERS", str(WORKERS)))

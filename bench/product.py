@@ -73,7 +73,7 @@ from bench.common import (
 from bench.fleet_process import BIN, ROOT, CpuSampler, Fleet, engine_subprocess, prepare_fleet, start_fleet
 from bench.nginx import Limiter, Nginx
 from bench.proxies import Proxies
-from investigations.devfleet import stop_all
+from investigations.demo.fleet import stop_all
 
 NAME = "product"
 SOURCE = "robust"

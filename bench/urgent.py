@@ -155,7 +155,7 @@ def seed_load(fleet: Fleet, *, leads: int, monitored: int) -> dict[str, Any]:
     from dagster import DagsterInstance
 
     from assets.partitions import leads_partitions
-    from investigations.leads import normalize_lead
+    from investigations.intake.leads import normalize_lead
     from investigations.store import StateStore
 
     # Dagster's storage first, before any fleet process creates it concurrently.
@@ -187,7 +187,7 @@ def seed_load(fleet: Fleet, *, leads: int, monitored: int) -> dict[str, Any]:
 
 
 def run_mode(mode: str, args: Any, offsets: Sequence[float], workdir: Path) -> dict[str, Any]:
-    from investigations.demo import send_case
+    from investigations.demo.case import send_case
     from investigations.store import StateStore
 
     workspace = None if args.executor == "in_process" else workspace_yaml("defs_multiprocess")

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from investigations.config import ConfigError, Settings
-from investigations.leads import Lead, LeadError, lead_id_of, normalize_lead
-from investigations.specs import SpecError
+from investigations.intake.leads import Lead, LeadError, lead_id_of, normalize_lead
+from investigations.sources.specs import SpecError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,12 +35,12 @@ def _check_filters(args: argparse.Namespace) -> None:
     """Every `--source`, `--reason` and `--lead` names something that exists (KeyError, naming the
     valid choices, if not); a `--lead` given as kind:value becomes its id."""
     if getattr(args, "source", None) is not None:
-        from investigations.catalog import load_catalog
+        from investigations.sources.catalog import load_catalog
 
         load_catalog(Settings.from_env().sources_path).get(args.source)
     reason = getattr(args, "reason", None)
     if reason is not None:
-        from investigations.collect import DEAD_LETTER_REASONS
+        from investigations.collection.collect import DEAD_LETTER_REASONS
 
         if reason not in DEAD_LETTER_REASONS:
             raise KeyError(f"unknown reason {reason!r} (known: {', '.join(DEAD_LETTER_REASONS)})")
@@ -173,7 +173,7 @@ def _store(settings: Settings):  # noqa: ANN202 - imported lazily to keep `--hel
 
 
 def _up(args: argparse.Namespace) -> int:
-    from investigations.devfleet import run_demo_fleet
+    from investigations.demo.fleet import run_demo_fleet
 
     return run_demo_fleet(Path.cwd(), send_demo=not args.no_demo)
 
@@ -187,7 +187,7 @@ def _sandbox(args: argparse.Namespace) -> int:
 
 
 def _intake(args: argparse.Namespace) -> int:
-    from investigations.intake import serve
+    from investigations.intake.app import serve
 
     settings = Settings.from_env()
     serve(settings, host=args.host, port=args.port or settings.intake_port)
@@ -195,8 +195,8 @@ def _intake(args: argparse.Namespace) -> int:
 
 
 def _demo_case(args: argparse.Namespace) -> int:
-    from investigations.demo import DEMO_CASE_ID, demo_body, send_case
-    from investigations.devfleet import DEMO_WEBHOOK_SECRET
+    from investigations.demo.case import DEMO_CASE_ID, demo_body, send_case
+    from investigations.demo.fleet import DEMO_WEBHOOK_SECRET
 
     settings = Settings.from_env()
     # `make run` starts its intake with the demo secret unless one is set: sign with the same.
@@ -297,7 +297,7 @@ def _case_status(args: argparse.Namespace) -> int:
 
 
 def _backfill(args: argparse.Namespace) -> int:
-    from investigations.catalog import load_catalog
+    from investigations.sources.catalog import load_catalog
 
     settings = Settings.from_env()
     spec = load_catalog(settings.sources_path).get(args.source)
@@ -344,7 +344,7 @@ def _dlq_requeue(args: argparse.Namespace) -> int:
 
 
 def _records(args: argparse.Namespace) -> int:
-    from investigations.records import query_records
+    from investigations.evidence.records import query_records
 
     rows = query_records(Settings.from_env().records_dir, source=args.source, lead_id=args.lead,
                          contains=args.contains, limit=args.limit)
@@ -373,7 +373,7 @@ def _records(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from investigations.casepackage import MANIFEST, export_case
+    from investigations.evidence.casepackage import MANIFEST, export_case
 
     settings = Settings.from_env()
     try:
@@ -387,7 +387,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from investigations.casepackage import verify_package
+    from investigations.evidence.casepackage import verify_package
 
     result = verify_package(args.folder)
     if not result.ok:
@@ -401,7 +401,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    from investigations.fleetstats import DEFAULT_WINDOW_S
+    from investigations.fleet.stats import DEFAULT_WINDOW_S
 
     if args.window_min is None:
         args.window_min = DEFAULT_WINDOW_S / 60
@@ -425,12 +425,12 @@ def _fleet(args: argparse.Namespace) -> int:
 
 
 def _fleet_rows(settings: Settings, *, hours: float, window_s: float) -> list[dict[str, Any]]:
-    """Per source: the fleet figures (investigations.fleetstats), the request outcomes over `hours`,
+    """Per source: the fleet figures (investigations.fleet.stats), the request outcomes over `hours`,
     the queue, the circuit and the lane's current rate."""
-    from investigations.catalog import load_catalog
-    from investigations.fleetstats import fleet_figures
+    from investigations.fleet.stats import fleet_figures
     from investigations.pacing import Circuits, GapSampler, RateLanes
     from investigations.pacing.aimd import NEVER_CUT_S
+    from investigations.sources.catalog import load_catalog
     from investigations.store import QUEUE_DEPTH_KEYS
 
     store = _store(settings)
@@ -548,7 +548,7 @@ def _age(seconds: float | None) -> str:
 
 
 def _identities(args: argparse.Namespace) -> int:
-    from investigations.fleetstats import read_identity_standings
+    from investigations.fleet.stats import read_identity_standings
 
     now = datetime.now(UTC)
     rows = [row for row in read_identity_standings(_store(Settings.from_env()), now=now)

@@ -20,16 +20,16 @@ import random
 from dataclasses import dataclass, field
 
 from investigations.adapters import TtlCache
-from investigations.catalog import load_catalog
-from investigations.collect import Collector
+from investigations.collection.collect import Collector
+from investigations.collection.fetcher import Fetcher
 from investigations.config import Settings
-from investigations.evidence import EvidenceStore
-from investigations.fetcher import Fetcher
+from investigations.evidence.captures import EvidenceStore
+from investigations.evidence.records import RecordStore
 from investigations.identities import CookieStore, HealthPolicy, IdentityPool, load_identities
+from investigations.net.redaction import install_log_redaction
 from investigations.pacing import Circuits, GapSampler, RateLanes
-from investigations.records import RecordStore
-from investigations.redaction import install_log_redaction
-from investigations.specs import SourceCatalog
+from investigations.sources.catalog import load_catalog
+from investigations.sources.specs import SourceCatalog
 from investigations.store import StateStore
 
 

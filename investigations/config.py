@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from investigations.webhooks import parse_secrets
+from investigations.intake.webhooks import parse_secrets
 
 DEFAULT_DATA_DIR = ".investigations"
 DEFAULT_SOURCES_FILE = "sources.yaml"

@@ -7,12 +7,12 @@ import threading
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
-from investigations.catalog import load_catalog
-from investigations.collect import CollectionResult, Collector
+from investigations.collection.collect import CollectionResult, Collector
 from investigations.composition import Engine, open_engine
 from investigations.config import Settings
-from investigations.records import RecordStore
-from investigations.specs import SourceCatalog
+from investigations.evidence.records import RecordStore
+from investigations.sources.catalog import load_catalog
+from investigations.sources.specs import SourceCatalog
 from investigations.store import StateStore
 from resources.dagster_internals import hold_connections_for_the_run
 from resources.identities import IdentityPoolResource
@@ -95,7 +95,7 @@ class FleetResource(ConfigurableResource):
 
     def collect(self, source: str, lead_id: str, *, run_id: str | None = None,
                 background: bool = False) -> CollectionResult:
-        """Collect one (source, lead) partition; see investigations.collect.Collector.collect."""
+        """Collect one (source, lead) partition; see investigations.collection.collect.Collector.collect."""
         return self.collector().collect(source, lead_id, run_id=run_id, background=background)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:

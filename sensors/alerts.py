@@ -2,7 +2,7 @@
 source-level check (stale, canary, refusals, volume), a circuit opening, new dead letters.
 
 Conditions are read from Dagster's own check records and from the state store each tick; which of
-them are new is decided by `investigations.alerts` against what the cursor remembers, so a source
+them are new is decided by `investigations.fleet.alerts` against what the cursor remembers, so a source
 that stays broken is announced once (and its recovery once).
 """
 
@@ -20,9 +20,9 @@ from dagster import (
 
 from assets.health import source_check_specs
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
-from investigations.alerts import AlertState, Condition, asset_path, due_alerts, new_dead_letters, remembered
+from investigations.fleet.alerts import AlertState, Condition, asset_path, due_alerts, new_dead_letters, remembered
 from investigations.pacing import Circuits
-from investigations.specs import SourceCatalog
+from investigations.sources.specs import SourceCatalog
 from resources.dagster_internals import AssetCheckExecutionRecordStatus
 from resources.fleet import FleetResource
 from resources.slack import FleetSlack

@@ -3,7 +3,7 @@
 from dagster import DefaultSensorStatus, RunRequest, SensorEvaluationContext, SkipReason, sensor
 
 from assets.fleet import fleet_report_job
-from investigations.priority import PriorityClass, run_tags
+from investigations.scheduling.priority import PriorityClass, run_tags
 from resources.fleet import FleetResource
 
 INTERVAL_S = 30

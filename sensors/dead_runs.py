@@ -5,7 +5,7 @@ its `dagster/max_runtime`, a terminated run: Dagster marks the run FAILURE or CA
 leads it still owed stay `dispatched` in the fleet's queue. Dagster's own run retries
 (`run_retries` in dagster.yaml) re-run a crashed run first, with the same handover, and the retry
 collects only what is still owed. Once a run ends for good (no retry coming), this sensor reads it
-from Dagster's run records and hands its rows to `investigations.dispatch.release_dead_run`: they go
+from Dagster's run records and hands its rows to `investigations.scheduling.dispatch.release_dead_run`: they go
 out again under a new run key within seconds, instead of after the 30-minute stale timer.
 
 It also gives back rows dispatched for two minutes or more that no run owns any more: a `new_leads`
@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 
 from dagster import (
     DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
     RunsFilter,
@@ -31,8 +32,8 @@ from dagster import (
     sensor,
 )
 
-from investigations.dispatch import release_dead_run, release_orphaned_dispatches
-from investigations.priority import HANDOVER_TAG
+from investigations.scheduling.dispatch import release_dead_run, release_orphaned_dispatches
+from investigations.scheduling.priority import HANDOVER_TAG
 from resources.fleet import FleetResource
 
 DEAD_RUNS_SENSOR = "requeue_dead_runs"
@@ -44,6 +45,17 @@ WILL_RETRY_TAG = "dagster/will_retry"
 # How long a failed run's retry may take to appear (Dagster's retry daemon re-runs a failure within
 # seconds) before its leads are taken as nobody's and go back to the queue.
 RETRY_PROMISE_S = 120.0
+
+
+def retry_may_come(run: DagsterRun, instance: DagsterInstance) -> bool:
+    """Whether Dagster will re-run this failed run, or may still say it will: it said so
+    (`dagster/will_retry`), or it has not said yet with run retries on. Dagster stores the failure
+    first and tags it a moment later (the tag bumps the run's update time, so a later tick reads
+    it again): until then the retry may still come, and the run's leads stay with it."""
+    if run.status != DagsterRunStatus.FAILURE:
+        return False
+    said = run.tags.get(WILL_RETRY_TAG)
+    return said == "true" or (said is None and instance.run_retries_enabled)
 
 
 def owned_handovers(instance: DagsterInstance, keys: Sequence[str], *, now_s: float) -> set[str]:
@@ -59,10 +71,8 @@ def owned_handovers(instance: DagsterInstance, keys: Sequence[str], *, now_s: fl
         if not run.is_finished:
             owned.add(key)
             continue
-        promised = run.tags.get(WILL_RETRY_TAG) == "true" or (
-            WILL_RETRY_TAG not in run.tags and instance.run_retries_enabled)
         ended_s = record.end_time if record.end_time is not None else record.update_timestamp.timestamp()
-        if run.status == DagsterRunStatus.FAILURE and promised and now_s - ended_s < RETRY_PROMISE_S:
+        if retry_may_come(run, instance) and now_s - ended_s < RETRY_PROMISE_S:
             owned.add(key)
     return owned
 
@@ -83,14 +93,8 @@ def build_dead_runs_sensor() -> SensorDefinition:
             cursor = max(cursor, record.update_timestamp.timestamp())
             run = record.dagster_run
             handover = run.tags.get(HANDOVER_TAG)
-            if not handover or run.tags.get(WILL_RETRY_TAG) == "true":
-                continue
-            if (run.status == DagsterRunStatus.FAILURE and WILL_RETRY_TAG not in run.tags
-                    and context.instance.run_retries_enabled):
-                # Dagster stores the failure first and says whether it will retry a moment later (the
-                # tag bumps the run's update time, so a later tick reads it again): until then the
-                # retry may still come, and its leads must stay with it.
-                continue
+            if not handover or retry_may_come(run, context.instance):
+                continue  # its retry collects what it owes
             requeued, spent = release_dead_run(fleet.store, handover, why=f"run {run.run_id} {run.status.value}")
             if requeued or spent:
                 notes.append(f"run {run.run_id} ({run.status.value}): {requeued} requeued, "

@@ -4,7 +4,7 @@ Three steps per tick. Sync: every lead registered since the last tick (by the in
 case import) joins Dagster's `leads` partitions (`lead_partitions`), so background work batches from
 its first lead. Ingest: every inbox row after the cursor is queued once per wanted source in the
 fleet's own backlog (`collection_queue`). Dispatch: the engine's dispatcher
-(`investigations.dispatch`) decides what each source hands over and why the rest waits; this module
+(`investigations.scheduling.dispatch`) decides what each source hands over and why the rest waits; this module
 only turns its answer into run requests.
 
 A tick with nothing to do waits for the inbox instead of returning at once: the daemon starts a
@@ -52,12 +52,12 @@ from dagster import (
 from assets.jobs import SourceJob
 from assets.naming import job_name
 from assets.partitions import LEADS_PARTITIONS, leads_partitions
-from investigations.dispatch import DispatchPlan, Handover, ingest, max_runtime_s, order_from, plan_dispatch
-from investigations.leads import Lead
+from investigations.collection.runwork import OPEN_BEFORE_START_S
+from investigations.intake.leads import Lead
 from investigations.pacing import Circuits
-from investigations.priority import BACKGROUND_TAG, CASE_TAG, HANDOVER_TAG, PriorityClass, run_tags
-from investigations.runwork import OPEN_BEFORE_START_S
-from investigations.specs import SourceCatalog, SourceSpec
+from investigations.scheduling.dispatch import DispatchPlan, Handover, ingest, max_runtime_s, order_from, plan_dispatch
+from investigations.scheduling.priority import BACKGROUND_TAG, CASE_TAG, HANDOVER_TAG, PriorityClass, run_tags
+from investigations.sources.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 from sensors.lead_partitions import ensure_partitions, sync_lead_partitions

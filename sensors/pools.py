@@ -1,7 +1,7 @@
 """Keep the instance's pool limits in step with each source's spec in sources.yaml.
 
 A source's pool holds its background runs (as many as its rate needs, see
-`investigations.dispatch.background_runs_for`) plus `interactive_slots` that only interactive work
+`investigations.scheduling.dispatch.background_runs_for`) plus `interactive_slots` that only interactive work
 can count on: the dispatcher never hands a source more background runs than that, so fresh leads
 find the pool open even while the source's batches run, instead of waiting behind a 90 s batch. The source's rate lane, not the pool, keeps the
 requests within what the source allows.
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dagster import DagsterInstance
 
 from assets.naming import pool_name
-from investigations.dispatch import background_runs_for
-from investigations.specs import SourceCatalog, SourceSpec
+from investigations.scheduling.dispatch import background_runs_for
+from investigations.sources.specs import SourceCatalog, SourceSpec
 
 
 def pool_limit(spec: SourceSpec) -> int:

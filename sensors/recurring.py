@@ -2,7 +2,7 @@
 
 Each source's `recrawl_every` says how fast it changes. Every tick this sensor queues, per source,
 the monitored leads that are due, as `recurring` work in the fleet's backlog, starting at a
-jittered moment within the window (`investigations.dispatch.plan_recurring` decides; this sensor only
+jittered moment within the window (`investigations.scheduling.dispatch.plan_recurring` decides; this sensor only
 reports). The `new_leads` sensor, the one dispatcher, hands that work to Dagster in batch runs. A
 source is skipped, with the reason, while its circuit rests or its backlog is full.
 """
@@ -10,9 +10,9 @@ source is skipped, with the reason, while its circuit rests or its backlog is fu
 from dagster import DefaultSensorStatus, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
 
 from assets.jobs import SourceJob
-from investigations.dispatch import plan_recurring
 from investigations.pacing import Circuits
-from investigations.specs import SourceCatalog
+from investigations.scheduling.dispatch import plan_recurring
+from investigations.sources.specs import SourceCatalog
 from resources.fleet import FleetResource
 
 RECURRING_SENSOR = "recurring_crawls"

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-from investigations.specs import SourceCatalog, load_sources
+from investigations.sources.specs import SourceCatalog, load_sources
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "public"

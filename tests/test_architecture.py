@@ -1,6 +1,6 @@
 """The package's shape holds: no import circle among the fleet's modules (a circle closed by an
 import deferred into a function counts; an import only type checkers read does not, since it never
-runs)."""
+runs); the engine's top level is its packages and its root modules; and the engine imports no Dagster."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(tree: ast.Module, modules: dict[str, Path]) -> Iterator[str]:
-    """Every first-party module `tree` imports when it runs (anywhere in it, deferred or not)."""
+    """Every module `tree` imports when it runs (anywhere in it, deferred or not; first-party
+    submodules by their own name)."""
     type_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
                  and "TYPE_CHECKING" in ast.unparse(block.test) for node in ast.walk(block)}
     for node in ast.walk(tree):
@@ -100,5 +101,18 @@ def test_the_circle_finder_finds_a_circle() -> None:
 
 def test_no_module_of_the_fleet_imports_itself_in_a_circle() -> None:
     graph = import_graph()
-    assert "investigations.specs" in graph and "investigations.adapters" in graph["investigations.specs"]
+    assert "investigations.sources.specs" in graph and "investigations.adapters" in graph["investigations.sources.specs"]
     assert circles(graph) == []
+
+
+def test_the_engine_s_top_level_holds_its_packages_and_only_its_root_modules() -> None:
+    top = sorted(path.stem for path in (ROOT / "investigations").glob("*.py"))
+    assert top == ["__init__", "__main__", "cli", "composition", "config"]
+
+
+def test_the_engine_imports_no_dagster() -> None:
+    modules = _modules()
+    engine = [name for name in modules if name.split(".")[0] == "investigations"]
+    importing = sorted(name for name in engine if any(
+        target.split(".")[0] == "dagster" for target in _imports(ast.parse(modules[name].read_text()), modules)))
+    assert importing == []

@@ -6,8 +6,8 @@ from dagster import Backoff, Definitions, Jitter
 
 from assets.naming import job_name, pool_name, source_asset_key
 from definitions import build_definitions
-from investigations.catalog import load_catalog
 from investigations.config import Settings
+from investigations.sources.catalog import load_catalog
 
 
 def test_definitions_load_with_one_asset_job_and_pool_per_source(sandbox_env) -> None:

@@ -9,23 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from investigations.adapters.base import (
-    Adapter,
-    ParsedRecord,
-    ParseError,
-    ParseModel,
-    PlannedRequest,
-    TemplateAdapter,
-)
+from investigations.adapters.base import Adapter, ParsedRecord, ParseError, PlannedRequest, TemplateAdapter
 from investigations.adapters.cache import TtlCache
-from investigations.adapters.cdx import CdxAdapter, CdxParse
-from investigations.adapters.doh import DohAdapter, DohParse
-from investigations.adapters.html import HtmlAdapter, HtmlParse
-from investigations.adapters.json_api import JsonApiAdapter, JsonApiParse, PagesSpec
-from investigations.adapters.rdap import RdapAdapter, RdapParse
+from investigations.adapters.cdx import CdxAdapter
+from investigations.adapters.doh import DohAdapter
+from investigations.adapters.html import HtmlAdapter
+from investigations.adapters.json_api import JsonApiAdapter
+from investigations.adapters.rdap import RdapAdapter
 
 if TYPE_CHECKING:
-    from investigations.specs import SourceSpec
+    from investigations.sources.specs import SourceSpec
 
 
 ADAPTERS: dict[str, type[TemplateAdapter]] = {
@@ -46,22 +39,9 @@ def build_adapter(spec: SourceSpec, *, cache: TtlCache | None = None) -> Adapter
 __all__ = [
     "ADAPTERS",
     "Adapter",
-    "CdxAdapter",
-    "CdxParse",
-    "DohAdapter",
-    "DohParse",
-    "HtmlAdapter",
-    "HtmlParse",
-    "JsonApiAdapter",
-    "JsonApiParse",
-    "PagesSpec",
     "ParseError",
-    "ParseModel",
     "ParsedRecord",
     "PlannedRequest",
-    "RdapAdapter",
-    "RdapParse",
-    "TemplateAdapter",
     "TtlCache",
     "build_adapter",
 ]

@@ -17,13 +17,14 @@ from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsp
 from pydantic import BaseModel, ConfigDict
 
 from investigations.adapters.cache import BOOTSTRAPS, TtlCache
-from investigations.canonical import canonical_json
-from investigations.classify import Answer, Verdict, judge_answer
-from investigations.leads import Lead
-from investigations.redaction import redact_url
+from investigations.collection.classify import Answer, Verdict, judge_answer
+from investigations.evidence.canonical import canonical_json
+from investigations.intake.leads import Lead
+from investigations.net.guard import url_origin
+from investigations.net.redaction import redact_url
 
 if TYPE_CHECKING:  # specs read the registry of adapters: the dependency runs that way
-    from investigations.specs import SourceSpec
+    from investigations.sources.specs import SourceSpec
 
 # Fields whose value is a link: made absolute against the page and used as the record's url.
 URL_FIELDS = ("url", "link")
@@ -74,7 +75,7 @@ class Adapter(Protocol):
     """Plans the requests for a lead and parses a response body into records."""
 
     spec: SourceSpec
-    # Stored with every record (records.py), so a record can be traced to the parsing that made it.
+    # Stored with every record (evidence/records.py), so a record can be traced to the parsing that made it.
     parser_version: str
 
     def requests_for(self, lead: Lead) -> list[PlannedRequest]: ...
@@ -131,7 +132,7 @@ class TemplateAdapter:
     def headers_for(self, url: str) -> dict[str, str]:
         """The headers for a planned url: all of them at the source's own origin; elsewhere (a server
         a bootstrap file names) only `Accept`, since the others may carry a key meant for the source."""
-        if _origin(url) == _origin(self.spec.request.url):
+        if url_origin(url) == url_origin(self.spec.request.url):
             return self.headers()
         return {k: v for k, v in self.spec.request.headers.items() if k.lower() == "accept"}
 
@@ -174,11 +175,6 @@ def make_record(fields: dict[str, Any], *, page_url: str, raw_key: Any) -> Parse
         key = raw_key if isinstance(raw_key, str) else canonical_json(raw_key, ascii_only=True)
     link = next((fields[name] for name in URL_FIELDS if isinstance(fields.get(name), str) and fields[name]), None)
     return ParsedRecord(key=key, url=urljoin(page_url, link) if link else page_url, fields=fields)
-
-
-def _origin(url: str) -> tuple[str, str, int | None]:
-    parts = urlsplit(url)
-    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
 
 
 def page_base(url: str) -> str:

@@ -27,7 +27,7 @@ from investigations.adapters.base import (
     page_base,
     with_param,
 )
-from investigations.leads import Lead
+from investigations.intake.leads import Lead
 
 
 class CdxParse(ParseModel):

@@ -25,9 +25,9 @@ from investigations.adapters.base import (
     make_record,
     page_base,
 )
-from investigations.classify import Answer, Verdict
-from investigations.events import Outcome
-from investigations.leads import Lead
+from investigations.collection.classify import Answer, Verdict
+from investigations.collection.events import Outcome
+from investigations.intake.leads import Lead
 
 RR_TYPES: dict[str, int] = {
     "A": 1, "NS": 2, "CNAME": 5, "SOA": 6, "PTR": 12, "MX": 15, "TXT": 16, "AAAA": 28, "SRV": 33,

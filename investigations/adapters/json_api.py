@@ -19,7 +19,7 @@ from investigations.adapters.base import (
     page_base,
     with_param,
 )
-from investigations.leads import Lead
+from investigations.intake.leads import Lead
 
 
 class PagesSpec(ParseModel):

@@ -24,7 +24,7 @@ from investigations.adapters.base import (
     make_record,
     page_base,
 )
-from investigations.leads import Lead
+from investigations.intake.leads import Lead
 
 # Events that say something about the domain; "last update of RDAP database" changes on every
 # answer and would make every crawl look like a change.

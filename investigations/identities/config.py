@@ -42,7 +42,14 @@ from pydantic import (
 
 # The sources file's loader rules (duplicate keys refused, `${VAR}` / `${VAR:-default}` expansion,
 # nested defaults) apply unchanged here: one dialect of YAML for the whole fleet.
-from investigations.yamlkit import ENV_REF, EnvMissing, UniqueKeyLoader, describe_errors, expand_env, merge_defaults
+from investigations.sources.yamlkit import (
+    ENV_REF,
+    EnvMissing,
+    UniqueKeyLoader,
+    describe_errors,
+    expand_env,
+    merge_defaults,
+)
 
 DIRECT_ID = "direct"
 DIRECT_TIER = "direct"

@@ -24,7 +24,7 @@ from investigations.identities.sessions import IdentityBlocked, IdentitySession,
 
 if TYPE_CHECKING:
     from investigations.pacing import RateLanes
-    from investigations.specs import SourceSpec
+    from investigations.sources.specs import SourceSpec
 
 log = logging.getLogger(__name__)
 

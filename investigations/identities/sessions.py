@@ -33,9 +33,9 @@ from sqlalchemy import Connection, select
 from investigations.identities.config import IdentitySpec
 from investigations.identities.health import IdentityVerdict
 from investigations.identities.pool import IdentityPool, Lease
-from investigations.netguard import Resolver, system_resolve
-from investigations.pinning import PinnedTransport
-from investigations.redaction import register_secret
+from investigations.net.guard import Resolver, system_resolve
+from investigations.net.pinning import PinnedTransport
+from investigations.net.redaction import register_secret
 from investigations.store import schema as s
 from investigations.store.sql import upsert
 from investigations.store.state import StateStore

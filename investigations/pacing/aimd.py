@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from investigations.events import Outcome
+from investigations.collection.events import Outcome
 
 if TYPE_CHECKING:  # specs pull in pydantic; pacing only needs their attributes at run time
-    from investigations.specs import ThrottleSpec
+    from investigations.sources.specs import ThrottleSpec
 
 NO_CEILING = 1.0  # ceiling_factor of a lane never throttled: the configured rate is the only limit known
 NEVER_CUT_S = 0.0  # last_cut_s of a lane never cut (epoch seconds: long ago)

@@ -21,7 +21,7 @@ from investigations.store import schema as s
 from investigations.store.state import StateStore
 
 if TYPE_CHECKING:  # specs pull in pydantic; pacing only needs their attributes at run time
-    from investigations.specs import CircuitSpec
+    from investigations.sources.specs import CircuitSpec
 
 CircuitStateName = Literal["closed", "open", "half_open"]
 CircuitEvent = Literal["success", "failure", "probe"]

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import ColumnElement, Connection, case, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from investigations.events import Outcome
+from investigations.collection.events import Outcome
 from investigations.pacing import aimd
 from investigations.pacing.jitter import RHYTHM_SENDS_KEPT, GapSampler
 from investigations.store import schema as s
 from investigations.store.state import StateStore
 
 if TYPE_CHECKING:  # specs pull in pydantic; pacing only needs their attributes at run time
-    from investigations.specs import SourceSpec, ThrottleSpec
+    from investigations.sources.specs import SourceSpec, ThrottleSpec
 
 _T = s.rate_lanes
 

@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from investigations.classify import backoff_delay_s, next_step
-from investigations.events import Outcome
+from investigations.collection.classify import backoff_delay_s, next_step
+from investigations.collection.events import Outcome
 from investigations.pacing.lanes import RateLanes, identity_lane, source_lane
 from investigations.pacing.waiting import LaneFull, LaneWaiter
 
 if TYPE_CHECKING:
-    from investigations.specs import SourceSpec
+    from investigations.sources.specs import SourceSpec
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from investigations.pacing.lanes import LaneSpec, RateLanes, Reservation
 
 if TYPE_CHECKING:
-    from investigations.specs import SourceSpec
+    from investigations.sources.specs import SourceSpec
 
 log = logging.getLogger(__name__)
 

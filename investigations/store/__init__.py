@@ -4,9 +4,6 @@ from investigations.store.state import (
     DIED_COLLECTING,
     QUEUE_DEPTH_KEYS,
     RUN_DIED,
-    AcceptResult,
-    Collection,
-    DeadLetter,
     InboxItem,
     QueuedCollection,
     QueueEntry,
@@ -14,5 +11,14 @@ from investigations.store.state import (
     utcnow,
 )
 
-__all__ = ["DIED_COLLECTING", "QUEUE_DEPTH_KEYS", "RUN_DIED", "AcceptResult", "Collection", "DeadLetter",
-           "InboxItem", "QueueEntry", "QueuedCollection", "StateStore", "utcnow"]
+__all__ = [
+    "DIED_COLLECTING",
+    "InboxItem",
+    "QUEUE_DEPTH_KEYS",
+    "QueueEntry",
+    "QueuedCollection",
+    "RUN_DIED",
+    "StateStore",
+    "schema",
+    "utcnow",
+]

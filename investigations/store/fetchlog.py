@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from investigations.events import FetchEvent
+from investigations.collection.events import FetchEvent
 from investigations.store import schema as s
 from investigations.store.sql import Tables
 

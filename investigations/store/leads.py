@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from investigations.leads import Lead
+from investigations.intake.leads import Lead
 from investigations.store import schema as s
 from investigations.store.sql import Tables, upsert, utcnow
 

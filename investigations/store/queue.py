@@ -226,7 +226,7 @@ class QueueTables(Tables):
 
     def mark_started(self, source: str, lead_id: str, *, now: datetime | None = None) -> None:
         """Record that a run began collecting (source, lead): if the run dies now, this row is one it
-        may have died of (see `investigations.dispatch.release_dead_run`)."""
+        may have died of (see `investigations.scheduling.dispatch.release_dead_run`)."""
         q = s.collection_queue
         with self.engine.begin() as conn:
             conn.execute(q.update().where(q.c.source == source, q.c.lead_id == lead_id, q.c.state == "dispatched")

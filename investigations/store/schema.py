@@ -247,8 +247,8 @@ identities = Table(
 # One lease slot per (source, identity), reused lease after lease: the key makes "one lease per
 # (identity, source) at a time" structural. The fencing token grows with every acquire, so a holder
 # whose lease ran out (and was taken over) can no longer write health back.
-# Version 8: interactive runs open to fresh leads of their source (see `investigations.runwork` and
-# `investigations.dispatch.join_collectors`). A run keeps its row while it takes work, renewing `open_until_s`; the dispatcher
+# Version 8: interactive runs open to fresh leads of their source (see `investigations.collection.runwork` and
+# `investigations.scheduling.dispatch.join_collectors`). A run keeps its row while it takes work, renewing `open_until_s`; the dispatcher
 # joins a fresh lead to it only while that is ahead, and in the same transaction as the row, so a
 # run that closed (deleted its row) or died (let it lapse) is never handed a lead.
 collectors = Table(

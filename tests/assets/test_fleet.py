@@ -37,9 +37,9 @@ def test_fleet_health_records_a_numeric_entry_per_source_and_figure(sandbox_env)
     from dagster import AssetKey, DagsterInstance
 
     from assets.fleet import fleet_health
-    from investigations.catalog import load_catalog
-    from investigations.events import FetchEvent, Outcome
-    from investigations.fleetstats import NUMERIC_FIGURES
+    from investigations.collection.events import FetchEvent, Outcome
+    from investigations.fleet.stats import NUMERIC_FIGURES
+    from investigations.sources.catalog import load_catalog
 
     settings = Settings.from_env()
     store = StateStore.from_url(settings.database_url)

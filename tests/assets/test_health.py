@@ -11,9 +11,9 @@ from assets.health import SOURCE_HEALTH_JOB, source_check_specs
 from assets.naming import EMPTY_CHECK_NAME, SOURCE_CHECK_NAMES, source_asset_key
 from assets.sources import build_source_asset
 from definitions import build_definitions
-from investigations.catalog import load_catalog
 from investigations.config import Settings
-from investigations.leads import normalize_lead
+from investigations.intake.leads import normalize_lead
+from investigations.sources.catalog import load_catalog
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 

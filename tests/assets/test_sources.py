@@ -26,14 +26,14 @@ from dagster import (
 
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from assets.sources import CHECK_GROUP_LEADS, CHECK_GROUP_S, PendingChecks, build_source_asset
-from investigations.catalog import load_catalog
 from investigations.config import Settings
-from investigations.degradation import Verdict, answer_verdict
-from investigations.leads import Lead, normalize_lead
+from investigations.evidence.records import RecordStore
+from investigations.fleet.degradation import Verdict, answer_verdict
+from investigations.intake.leads import Lead, normalize_lead
 from investigations.pacing import Circuits
-from investigations.priority import BACKGROUND_NICENESS, HANDOVER_TAG, PriorityClass, run_tags
-from investigations.records import RecordStore
-from investigations.specs import parse_sources
+from investigations.scheduling.priority import BACKGROUND_NICENESS, HANDOVER_TAG, PriorityClass, run_tags
+from investigations.sources.catalog import load_catalog
+from investigations.sources.specs import parse_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 from tests.fakes import FakeClock

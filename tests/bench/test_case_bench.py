@@ -40,8 +40,8 @@ from bench.case import (
     within_goal,
 )
 from bench.nginx import LogRow, _config
-from investigations.intake import parse_delivery
-from investigations.specs import parse_sources
+from investigations.intake.app import parse_delivery
+from investigations.sources.specs import parse_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = SimpleNamespace(concurrency=16, site_rate=30.0, client_rate=5.0, identities=8)

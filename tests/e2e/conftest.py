@@ -16,7 +16,7 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
-from investigations.devfleet import DAGSTER_ENV, stop_all, wait_http
+from investigations.demo.fleet import DAGSTER_ENV, stop_all, wait_http
 from tests.fakes import FakeSlack
 
 ROOT = Path(__file__).resolve().parents[2]

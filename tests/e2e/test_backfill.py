@@ -10,9 +10,9 @@ from dagster import DagsterRunStatus, RunsFilter
 
 from assets.naming import source_asset_key
 from investigations.cli import main
-from investigations.demo import send_case
-from investigations.leads import normalize_lead
-from investigations.priority import HANDOVER_TAG
+from investigations.demo.case import send_case
+from investigations.intake.leads import normalize_lead
+from investigations.scheduling.priority import HANDOVER_TAG
 from investigations.store import StateStore
 
 pytestmark = pytest.mark.e2e

@@ -8,8 +8,8 @@ import pytest
 from dagster import DagsterRunStatus, RunsFilter
 
 from investigations.cli import main
-from investigations.demo import send_case
-from investigations.leads import normalize_lead
+from investigations.demo.case import send_case
+from investigations.intake.leads import normalize_lead
 from investigations.store import StateStore
 
 pytestmark = pytest.mark.e2e

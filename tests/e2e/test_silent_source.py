@@ -10,8 +10,8 @@ from dagster import AssetCheckKey
 
 from assets.fleet import HEALTH_KEY
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
-from investigations.demo import send_case
-from investigations.leads import normalize_lead
+from investigations.demo.case import send_case
+from investigations.intake.leads import normalize_lead
 from resources.dagster_internals import AssetCheckExecutionRecordStatus
 from sensors.alerts import INTERVAL_S
 from sensors.fleet_health import INTERVAL_S as HEALTH_INTERVAL_S

@@ -7,10 +7,10 @@ import pytest
 from dagster import AssetCheckKey, DagsterRunStatus, RunsFilter
 
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
-from investigations.demo import send_case
-from investigations.leads import normalize_lead
-from investigations.priority import CASE_TAG
-from investigations.records import RecordStore
+from investigations.demo.case import send_case
+from investigations.evidence.records import RecordStore
+from investigations.intake.leads import normalize_lead
+from investigations.scheduling.priority import CASE_TAG
 from investigations.store import StateStore
 from resources.dagster_internals import AssetCheckExecutionRecordStatus
 

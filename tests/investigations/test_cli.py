@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from investigations.cli import main
+from investigations.collection.events import Outcome
 from investigations.config import Settings
-from investigations.events import Outcome
-from investigations.leads import normalize_lead
-from investigations.pacing import Circuits, GapSampler, RateLanes, source_lane
-from investigations.specs import load_sources
+from investigations.intake.leads import normalize_lead
+from investigations.pacing import Circuits, GapSampler, RateLanes
+from investigations.pacing.lanes import source_lane
+from investigations.sources.specs import load_sources
 from investigations.store import StateStore
 
 
@@ -76,7 +77,7 @@ def test_fleet_shows_backlog_circuit_and_the_current_rate_per_source(state, monk
 
 
 def test_closing_and_reopening_a_case(state, capsys) -> None:
-    from investigations.leads import normalize_lead
+    from investigations.intake.leads import normalize_lead
 
     state.add_lead(normalize_lead("domain", "example.com"), case_id="case-7")
     assert main(["cases", "close", "case-7"]) == 0
@@ -89,7 +90,7 @@ def test_closing_and_reopening_a_case(state, capsys) -> None:
 
 
 def test_backfill_queues_every_lead_the_source_takes_once_a_day(state, monkeypatch, capsys) -> None:
-    from investigations.leads import normalize_lead
+    from investigations.intake.leads import normalize_lead
 
     monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(Path(__file__).resolve().parents[2] / "sources.yaml"))
     for value in ("a.example", "b.example"):
@@ -122,7 +123,7 @@ SOURCES = Path(__file__).resolve().parents[2] / "sources.yaml"
 def _fetched(store, source, outcome, *, requests=1, status=200, identity_id="direct"):
     from datetime import UTC, datetime
 
-    from investigations.events import FetchEvent
+    from investigations.collection.events import FetchEvent
 
     store.record_fetches(
         FetchEvent(source=source, lead_id="l", identity_id=identity_id, url="https://x.example/", method="GET",
@@ -131,7 +132,7 @@ def _fetched(store, source, outcome, *, requests=1, status=200, identity_id="dir
 
 
 def test_fleet_figures_and_health_per_source_as_json(state, monkeypatch, capsys) -> None:
-    from investigations.leads import normalize_lead
+    from investigations.intake.leads import normalize_lead
 
     monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(SOURCES))
     lead = normalize_lead("domain", "example.com")

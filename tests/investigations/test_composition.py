@@ -11,7 +11,7 @@ import pytest
 
 from investigations.composition import open_engine
 from investigations.config import Settings
-from investigations.leads import normalize_lead
+from investigations.intake.leads import normalize_lead
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 from resources.identities import IdentityPoolResource
@@ -83,11 +83,11 @@ def test_importing_the_fetcher_installs_nothing_and_opening_an_engine_installs_r
     # A fresh interpreter: in this one, earlier tests may have installed it already.
     code = (
         "import logging, sys\n"
-        "import investigations.fetcher\n"
+        "import investigations.collection.fetcher\n"
         "print(logging.getLogRecordFactory() is logging.LogRecord)\n"
         "from investigations.composition import open_engine\n"
         "from investigations.config import Settings\n"
-        "from investigations.redaction import register_secret\n"
+        "from investigations.net.redaction import register_secret\n"
         f"open_engine(Settings.from_env({{'INVESTIGATIONS_DATA_DIR': {str(tmp_path / 'd')!r}}})).close()\n"
         "register_secret('s3cr3t-token-value')\n"
         "record = logging.getLogger('httpx').makeRecord('httpx', logging.INFO, 'x.py', 1,\n"
@@ -106,7 +106,7 @@ def test_a_run_with_identities_opens_one_state_store(tmp_path: Path, sandbox_env
     from dagster import DagsterInstance, materialize
 
     from assets.sources import build_source_asset
-    from investigations.catalog import load_catalog
+    from investigations.sources.catalog import load_catalog
 
     settings = _settings(tmp_path, identities=True)
     monkeypatch.setenv("INVESTIGATIONS_DATA_DIR", str(settings.data_dir))

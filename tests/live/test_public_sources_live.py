@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from investigations.adapters import DohParse
 from investigations.adapters.cache import BOOTSTRAPS
-from investigations.collect import Collector
-from investigations.fetcher import Fetcher
-from investigations.leads import normalize_lead
-from investigations.records import RecordStore
-from investigations.specs import SourceCatalog
+from investigations.adapters.doh import DohParse
+from investigations.collection.collect import Collector
+from investigations.collection.fetcher import Fetcher
+from investigations.evidence.records import RecordStore
+from investigations.intake.leads import normalize_lead
+from investigations.sources.specs import SourceCatalog
 from investigations.store import StateStore
 from tests.public_sources import public_catalog
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from investigations.leads import Lead, normalize_lead
+from investigations.intake.leads import Lead, normalize_lead
 from investigations.store import StateStore
 
 

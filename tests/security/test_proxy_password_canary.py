@@ -19,9 +19,9 @@ from dagster import build_init_resource_context, materialize
 from sqlalchemy import select
 
 from assets.sources import build_source_asset
-from investigations.collect import CollectionFailed
+from investigations.collection.collect import CollectionFailed
 from investigations.sandbox.proxy import start_proxies
-from investigations.specs import load_sources
+from investigations.sources.specs import load_sources
 from investigations.store import schema as s
 from resources.fleet import FleetResource
 

@@ -10,7 +10,7 @@ import pytest
 from dagster import materialize
 
 from assets.sources import build_source_asset
-from investigations.specs import load_sources
+from investigations.sources.specs import load_sources
 from resources.fleet import FleetResource
 
 CANARY = "canary-s3cr3t-7c1f0e9a"

@@ -20,12 +20,12 @@ import httpx
 import pytest
 
 from investigations.adapters import PlannedRequest, build_adapter
-from investigations.fetcher import Fetcher, FetchFailed
-from investigations.intake import create_intake_app
-from investigations.leads import Lead
-from investigations.specs import SourceSpec, parse_sources
+from investigations.collection.fetcher import Fetcher, FetchFailed
+from investigations.intake.app import create_intake_app
+from investigations.intake.leads import Lead
+from investigations.intake.webhooks import sign_headers
+from investigations.sources.specs import SourceSpec, parse_sources
 from investigations.store import StateStore
-from investigations.webhooks import sign_headers
 
 from .listeners import Listener, listeners_on_one_port
 

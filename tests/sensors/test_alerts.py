@@ -9,9 +9,9 @@ import pytest
 from dagster import DagsterInstance, build_sensor_context, materialize
 
 from assets.sources import build_source_asset
-from investigations.catalog import load_catalog
 from investigations.config import Settings
-from investigations.leads import normalize_lead
+from investigations.intake.leads import normalize_lead
+from investigations.sources.catalog import load_catalog
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 from resources.slack import FleetSlack

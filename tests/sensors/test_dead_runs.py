@@ -6,7 +6,7 @@ import pytest
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, SensorResult, build_sensor_context
 
 from assets.naming import job_name
-from investigations.priority import HANDOVER_TAG
+from investigations.scheduling.priority import HANDOVER_TAG
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 from sensors.dead_runs import build_dead_runs_sensor
@@ -66,7 +66,7 @@ def test_a_canceled_run_gives_its_leads_back_once(world) -> None:
 def test_rows_whose_run_was_never_created_go_back_and_those_of_a_live_run_stay(world) -> None:
     from datetime import timedelta
 
-    from investigations.dispatch import ORPHANED_DISPATCH
+    from investigations.scheduling.dispatch import ORPHANED_DISPATCH
     from investigations.store import utcnow
 
     store, instance = world
@@ -101,7 +101,7 @@ def test_a_failed_run_not_yet_marked_for_retry_or_not_keeps_its_leads_until_it_i
 def _claimed_long_ago(store, lead, key):
     from datetime import timedelta
 
-    from investigations.dispatch import ORPHANED_DISPATCH
+    from investigations.scheduling.dispatch import ORPHANED_DISPATCH
     from investigations.store import utcnow
 
     claimed = utcnow() - ORPHANED_DISPATCH - timedelta(seconds=5)

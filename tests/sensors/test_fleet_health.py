@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from dagster import AssetMaterialization, DagsterInstance, SensorResult, build_sensor_context
 
 from assets.fleet import HEALTH_KEY
+from investigations.collection.events import FetchEvent, Outcome
 from investigations.config import Settings
-from investigations.events import FetchEvent, Outcome
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 from sensors.fleet_health import fleet_health_every_minute

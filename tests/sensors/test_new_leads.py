@@ -11,10 +11,16 @@ from dagster import DagsterInstance, build_sensor_context
 
 from assets.jobs import build_source_job
 from assets.naming import job_name, pool_name
-from investigations.dispatch import DispatchPlan, Handover, background_runs_for, batch_size, ingest
-from investigations.leads import normalize_lead
-from investigations.priority import CASE_TAG, DAGSTER_PRIORITY, HANDOVER_TAG, PRIORITY_CLASS_TAG, PriorityClass
-from investigations.specs import load_sources
+from investigations.intake.leads import normalize_lead
+from investigations.scheduling.dispatch import DispatchPlan, Handover, background_runs_for, batch_size, ingest
+from investigations.scheduling.priority import (
+    CASE_TAG,
+    DAGSTER_PRIORITY,
+    HANDOVER_TAG,
+    PRIORITY_CLASS_TAG,
+    PriorityClass,
+)
+from investigations.sources.specs import load_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 from sensors.new_leads import (

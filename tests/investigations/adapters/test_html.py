@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from investigations.adapters import HtmlAdapter, ParseError, build_adapter
-from investigations.canonical import canonical_json
-from investigations.leads import normalize_lead
-from investigations.specs import SourceSpec
+from investigations.adapters import ParseError, build_adapter
+from investigations.adapters.html import HtmlAdapter
+from investigations.evidence.canonical import canonical_json
+from investigations.intake.leads import normalize_lead
+from investigations.sources.specs import SourceSpec
 
 PAGE_URL = "http://127.0.0.1:8800/flaky/profile/username/alice"
 FIELDS = {"id": "@data-id", "title": "a.title", "link": "a.title@href", "published": "time@datetime", "body": "p.body"}

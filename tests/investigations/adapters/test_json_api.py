@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from investigations.adapters import JsonApiAdapter, ParseError, build_adapter
-from investigations.canonical import canonical_json
-from investigations.leads import normalize_lead
-from investigations.specs import SourceSpec
+from investigations.adapters import ParseError, build_adapter
+from investigations.adapters.json_api import JsonApiAdapter
+from investigations.evidence.canonical import canonical_json
+from investigations.intake.leads import normalize_lead
+from investigations.sources.specs import SourceSpec
 
 PAGE_URL = "http://127.0.0.1:8800/robust/api/lookup?kind=domain&q=example.com"
 

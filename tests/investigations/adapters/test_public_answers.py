@@ -18,12 +18,12 @@ from investigations.adapters import ParseError, PlannedRequest, build_adapter
 from investigations.adapters.cache import BOOTSTRAPS, TtlCache
 from investigations.adapters.cdx import newest_index
 from investigations.adapters.rdap import parse_bootstrap, server_for
-from investigations.classify import Answer
-from investigations.events import Outcome
-from investigations.fetcher import Fetcher, FetchFailed, FetchParked
+from investigations.collection.classify import Answer
+from investigations.collection.events import Outcome
+from investigations.collection.fetcher import Fetcher, FetchFailed, FetchParked
 from investigations.identities import IdentityPool, parse_identities
-from investigations.leads import normalize_lead
-from investigations.specs import parse_sources
+from investigations.intake.leads import normalize_lead
+from investigations.sources.specs import parse_sources
 from tests.fakes import FakeTime
 from tests.public_sources import NOW, PUBLIC_SOURCES, public_catalog, recorded
 

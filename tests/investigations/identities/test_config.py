@@ -8,12 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from investigations.identities import (
-    DIRECT_CATALOG,
-    IdentityError,
-    load_identities,
-    parse_identities,
-)
+from investigations.identities import load_identities, parse_identities
+from investigations.identities.config import DIRECT_CATALOG, IdentityError
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV = {"PROXY_DC1_PASSWORD": "s3cr3t", "PROXY_DC2_PASSWORD": "other", "PROXY_RES_PASSWORD": "res-pass"}

@@ -6,12 +6,11 @@ import random
 
 import pytest
 
-from investigations.identities import (
+from investigations.identities import HealthPolicy, classify_for_identity
+from investigations.identities.health import (
     HEALTHY,
-    HealthPolicy,
     IdentityHealth,
     choose_tier,
-    classify_for_identity,
     health_event,
     next_health,
     next_tier_state,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from investigations.identities import IdentityBlocked, IdentityPool, Sessions, parse_identities
+from investigations.identities import IdentityPool, parse_identities
 from investigations.identities.leasing import (
     LEASE_WAIT_S,
     IdentitiesSpent,
@@ -19,7 +19,8 @@ from investigations.identities.leasing import (
     lease_ttl_s,
     longest_hold_s,
 )
-from investigations.specs import load_sources
+from investigations.identities.sessions import IdentityBlocked, Sessions
+from investigations.sources.specs import load_sources
 from investigations.store import StateStore
 from tests.fakes import FakeTime
 

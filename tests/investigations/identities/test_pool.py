@@ -10,15 +10,10 @@ from types import SimpleNamespace
 import pytest
 from pydantic import SecretStr
 
-from investigations.identities import (
-    HealthPolicy,
-    IdentityCatalog,
-    IdentityPool,
-    IdentitySpec,
-    Lease,
-    identity_lane_name,
-)
-from investigations.pacing import GapSampler, LaneSpec, RateLanes, identity_lane
+from investigations.identities import HealthPolicy, IdentityCatalog, IdentityPool, IdentitySpec
+from investigations.identities.pool import Lease, identity_lane_name
+from investigations.pacing import GapSampler, RateLanes
+from investigations.pacing.lanes import LaneSpec, identity_lane
 from investigations.store import StateStore
 from tests.fakes import FakeClock
 

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from investigations.events import Outcome
+from investigations.collection.events import Outcome
 from investigations.pacing import aimd
 from investigations.pacing.aimd import AimdState
-from investigations.specs import ThrottleSpec
+from investigations.sources.specs import ThrottleSpec
 
 SPEC = ThrottleSpec(decrease_factor=0.5, increase_step=0.1, min_factor=0.1, cut_hold_s=2.0, ceiling_margin=0.1,
                     ceiling_hold_s=60.0, probe_step=0.01)

@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
-from investigations.pacing import CLOSED, Circuits, CircuitState, next_state
-from investigations.specs import CircuitSpec
+from investigations.pacing import Circuits
+from investigations.pacing.circuit import CLOSED, CircuitState, next_state
+from investigations.sources.specs import CircuitSpec
 from investigations.store import StateStore
 from tests.fakes import FakeClock
 

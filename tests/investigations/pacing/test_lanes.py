@@ -14,10 +14,11 @@ from itertools import pairwise
 import pytest
 from sqlalchemy import event
 
-from investigations.events import Outcome
-from investigations.pacing import GapSampler, LaneSpec, RateLanes, aimd, identity_lane, source_lane
+from investigations.collection.events import Outcome
+from investigations.pacing import GapSampler, RateLanes, aimd
 from investigations.pacing.jitter import RHYTHM_GAPS, RHYTHM_MIN_CV, RHYTHM_SENDS_KEPT
-from investigations.specs import SourceSpec, ThrottleSpec
+from investigations.pacing.lanes import LaneSpec, identity_lane, source_lane
+from investigations.sources.specs import SourceSpec, ThrottleSpec
 from investigations.store import StateStore
 from tests.fakes import FakeClock
 

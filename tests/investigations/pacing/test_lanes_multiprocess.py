@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from investigations.pacing import GapSampler, LaneSpec, RateLanes
+from investigations.pacing import GapSampler, RateLanes
+from investigations.pacing.lanes import LaneSpec
 from investigations.store import StateStore
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,11 +7,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from investigations.events import Outcome
-from investigations.pacing import Reservation
+from investigations.collection.events import Outcome
+from investigations.pacing.lanes import Reservation
 from investigations.pacing.throttle import RequestPacing
 from investigations.pacing.waiting import LaneWaiter
-from investigations.specs import load_sources
+from investigations.sources.specs import load_sources
 from tests.fakes import FakeTime
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from investigations.pacing import Reservation, identity_lane, source_lane
+from investigations.pacing.lanes import Reservation, identity_lane, source_lane
 from investigations.pacing.waiting import MAX_REBOOKS, LaneFull, LaneWaiter
-from investigations.specs import load_sources
+from investigations.sources.specs import load_sources
 from tests.fakes import FakeTime
 
 ROOT = Path(__file__).resolve().parents[3]

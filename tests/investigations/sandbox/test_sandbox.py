@@ -13,7 +13,8 @@ import httpx
 import pytest
 from selectolax.lexbor import LexborHTMLParser
 
-from investigations.sandbox import SandboxConfig, SandboxHandle, start_in_thread
+from investigations.sandbox import SandboxConfig, start_in_thread
+from investigations.sandbox.app import SandboxHandle
 from tests.fakes import FakeClock
 
 _DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")]

@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import Engine, inspect, select
 
-from investigations.events import Outcome
-from investigations.pacing import GapSampler, LaneSpec, RateLanes, aimd
-from investigations.specs import ThrottleSpec
+from investigations.collection.events import Outcome
+from investigations.pacing import GapSampler, RateLanes, aimd
+from investigations.pacing.lanes import LaneSpec
+from investigations.sources.specs import ThrottleSpec
 from investigations.store import StateStore
 from investigations.store import schema as s
 from investigations.store.engine import make_engine

@@ -82,7 +82,7 @@ def test_requeue_filters_by_reason_and_lead(store) -> None:
 
 
 def test_a_closed_case_leads_are_not_monitored_until_it_reopens(store) -> None:
-    from investigations.leads import normalize_lead
+    from investigations.intake.leads import normalize_lead
 
     lead = normalize_lead("domain", "example.com")
     store.add_lead(lead, case_id="case-1", now=T0)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from investigations.events import FetchEvent, Outcome
-from investigations.leads import Lead, normalize_lead
+from investigations.collection.events import FetchEvent, Outcome
+from investigations.intake.leads import Lead, normalize_lead
 from investigations.store import StateStore
 from investigations.store import schema as s
 

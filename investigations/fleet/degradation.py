@@ -1,0 +1,272 @@
+"""Silent degradation: the judgements that keep a source that is "up" but quietly returning less
+from being trusted.
+
+Each function takes plain values (counts, record numbers, field lists, timestamps) and returns a
+`Verdict`: passed or not, how serious (`error`: the data is broken; `warn`: it drifted), the
+observed value, the threshold it was held to and examples. The Dagster layer turns verdicts into
+asset check results; nothing here imports Dagster, and every rule is table-tested.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from investigations.sources.specs import SourceSpec
+    from investigations.store import StateStore
+
+Severity = Literal["error", "warn"]
+
+# A baseline needs this many earlier collections before it judges anything.
+MIN_BASELINE = 5
+# A collection is short when it found less than this share of the source's recent median.
+SHORT_SHARE = 0.25
+# How many earlier collections make a source's baseline (records, fields), newest first.
+BASELINE_COLLECTIONS = 50
+# A field counts as one the source always had when this many of its recent answers carried it in
+# every record (and none lacked it).
+ALWAYS_FIELD_MIN = 5
+# Block rate: a window needs this many requests to be judged; it spikes when its block share is at
+# least SPIKE_FLOOR and SPIKE_FACTOR times the baseline's; at BLOCKED_ERROR the source is unusable.
+MIN_REQUESTS = 20
+SPIKE_FLOOR = 0.2
+SPIKE_FACTOR = 2.0
+BLOCKED_ERROR = 0.8
+# Volume: records per answered collection, or the size of usable answers, below this share of the
+# baseline's is a drop (with at least MIN_COLLECTIONS answered collections on both sides).
+DROP_SHARE = 0.5
+MIN_COLLECTIONS = 5
+# Freshness: below this share of monitored leads collected with records within their cadence the
+# check warns; below FRESH_ERROR_SHARE it fails as an error.
+FRESH_SHARE = 0.9
+FRESH_ERROR_SHARE = 0.5
+EXAMPLES = 5
+# The windows a source is judged over: refusals in the last REFUSALS_RECENT_S against the day
+# before; volume in the last VOLUME_RECENT_S against the week before.
+REFUSALS_RECENT_S = 15 * 60
+REFUSALS_BASELINE_S = 24 * 3600
+VOLUME_RECENT_S = 3600
+VOLUME_BASELINE_S = 7 * 86400
+# Outcomes of a request that mean the source refused us rather than answered.
+REFUSED = ("blocked", "throttled")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    severity: Severity
+    observed: float | int | None
+    threshold: float | int | None
+    description: str
+    examples: list[str] = field(default_factory=list)
+    details: dict[str, float | int | str | None] = field(default_factory=dict)
+
+
+def answer_verdict(
+    *,
+    records: int,
+    expected_min: int,
+    baseline: Sequence[int],
+    fields: Sequence[str],
+    baseline_fields: Sequence[Sequence[str] | None],
+) -> Verdict:
+    """One collection's answer: ERROR under the source's fixed minimum, WARN when short of the
+    source's own recent median for the lead's kind, or missing fields its answers always had."""
+    median = statistics.median(baseline) if len(baseline) >= MIN_BASELINE else None
+    details: dict[str, float | int | str | None] = {
+        "records": records, "expected_min_records": expected_min,
+        "baseline_median": median, "baseline_collections": len(baseline),
+    }
+    if records < expected_min:
+        return Verdict(False, "error", records, expected_min,
+                       f"answered with {records} record(s); at least {expected_min} expected. "
+                       "The source may be silently empty or blocking.", details=details)
+    if median is not None and median > 0 and records < SHORT_SHARE * median:
+        threshold = SHORT_SHARE * median
+        return Verdict(False, "warn", records, threshold,
+                       f"answered with {records} record(s), under {SHORT_SHARE:.0%} of its recent median "
+                       f"({median:g}) for this kind of lead.", details=details)
+    missing = missing_fields(fields, baseline_fields) if records else []
+    if missing:
+        details["missing_fields"] = ", ".join(missing)
+        return Verdict(False, "warn", len(missing), 0,
+                       f"records lack field(s) its answers always had: {', '.join(missing)}.",
+                       examples=missing[:EXAMPLES], details=details)
+    return Verdict(True, "error", records, expected_min, "the answer looks like the source's usual answers",
+                   details=details)
+
+
+def missing_fields(fields: Sequence[str], baseline_fields: Sequence[Sequence[str] | None]) -> list[str]:
+    """Fields every known earlier answer carried in every record (at least ALWAYS_FIELD_MIN of
+    them) that this answer's records do not all carry."""
+    known = [set(f) for f in baseline_fields if f is not None]
+    if len(known) < ALWAYS_FIELD_MIN:
+        return []
+    always = set.intersection(*known)
+    return sorted(always - set(fields))
+
+
+def block_rate_verdict(recent: dict[str, int], baseline: dict[str, int]) -> Verdict:
+    """The share of requests refused (blocked or throttled) in the recent window against the
+    baseline window's: a spike warns, a source refusing nearly everything is an error."""
+    total = sum(recent.values())
+    rate = sum(recent.get(o, 0) for o in REFUSED) / total if total else 0.0
+    base_total = sum(baseline.values())
+    base_rate = sum(baseline.get(o, 0) for o in REFUSED) / base_total if base_total else 0.0
+    threshold = max(SPIKE_FLOOR, SPIKE_FACTOR * base_rate)
+    details: dict[str, float | int | str | None] = {
+        "requests": total, "refused_share": round(rate, 4), "baseline_requests": base_total,
+        "baseline_refused_share": round(base_rate, 4)}
+    if total < MIN_REQUESTS:
+        return Verdict(True, "warn", rate, threshold, f"too few requests to judge ({total} < {MIN_REQUESTS})",
+                       details=details)
+    if rate >= BLOCKED_ERROR:
+        return Verdict(False, "error", rate, BLOCKED_ERROR,
+                       f"{rate:.0%} of {total} recent requests refused: the source is blocking the fleet.",
+                       details=details)
+    if rate >= threshold:
+        return Verdict(False, "warn", rate, threshold,
+                       f"{rate:.0%} of {total} recent requests refused, against {base_rate:.0%} before.",
+                       details=details)
+    return Verdict(True, "warn", rate, threshold, f"{rate:.0%} of {total} recent requests refused", details=details)
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A window of a source's work: answered collections, empty ones, records stored, and the mean
+    size of its usable answers."""
+
+    collections: int
+    empty: int
+    records: int
+    ok_bytes: float | None
+
+
+def volume_verdict(recent: Volume, baseline: Volume) -> Verdict:
+    """Records per answered collection, and the size of usable answers, against the baseline:
+    a source whose answers shrink (an empty template, a truncated list) warns."""
+    details: dict[str, float | int | str | None] = {
+        "collections": recent.collections, "empty_collections": recent.empty,
+        "baseline_collections": baseline.collections, "answer_bytes": recent.ok_bytes,
+        "baseline_answer_bytes": baseline.ok_bytes}
+    if recent.collections < MIN_COLLECTIONS or baseline.collections < MIN_COLLECTIONS:
+        return Verdict(True, "warn", None, None, "too few collections to judge", details=details)
+    per = recent.records / recent.collections
+    base_per = baseline.records / baseline.collections
+    details |= {"records_per_collection": round(per, 3), "baseline_records_per_collection": round(base_per, 3)}
+    if base_per > 0 and per < DROP_SHARE * base_per:
+        return Verdict(False, "warn", round(per, 3), round(DROP_SHARE * base_per, 3),
+                       f"{per:.2f} records per collection recently, against {base_per:.2f} before.", details=details)
+    if recent.ok_bytes is not None and baseline.ok_bytes and recent.ok_bytes < DROP_SHARE * baseline.ok_bytes:
+        return Verdict(False, "warn", round(recent.ok_bytes), round(DROP_SHARE * baseline.ok_bytes),
+                       f"answers of {recent.ok_bytes:.0f} bytes on average recently, against "
+                       f"{baseline.ok_bytes:.0f} before.", details=details)
+    return Verdict(True, "warn", round(per, 3), round(DROP_SHARE * base_per, 3),
+                   f"{per:.2f} records per collection (baseline {base_per:.2f})", details=details)
+
+
+def freshness_verdict(monitored: Sequence[tuple[str, datetime | None]], *, cadence_s: float, now: datetime) -> Verdict:
+    """The share of monitored leads collected WITH records within their cadence (an empty answer
+    is not fresh) and the age of the stalest one."""
+    stale: list[tuple[float, str]] = []
+    for lead_id, at in monitored:
+        age = float("inf") if at is None else (now - at).total_seconds()
+        if age > cadence_s:
+            stale.append((age, lead_id))
+    total = len(monitored)
+    share = 1.0 - len(stale) / total if total else 1.0
+    stale.sort(reverse=True)
+    oldest = max((age for age, _ in stale if age != float("inf")), default=None)
+    details: dict[str, float | int | str | None] = {
+        "monitored_leads": total, "stale_leads": len(stale), "fresh_share": round(share, 4),
+        "cadence_s": cadence_s,
+        "stalest_age_s": None if oldest is None else round(oldest),
+        "never_collected_with_records": sum(1 for age, _ in stale if age == float("inf"))}
+    examples = [lead for _, lead in stale[:EXAMPLES]]
+    if total == 0:
+        return Verdict(True, "warn", share, FRESH_SHARE, "no monitored leads", details=details)
+    text = f"{total - len(stale)} of {total} monitored leads collected with records within {cadence_s:g} s"
+    if share < FRESH_ERROR_SHARE:
+        return Verdict(False, "error", share, FRESH_ERROR_SHARE, text, examples, details)
+    if share < FRESH_SHARE:
+        return Verdict(False, "warn", share, FRESH_SHARE, text, examples, details)
+    return Verdict(True, "warn", share, FRESH_SHARE, text, examples, details)
+
+
+@dataclass(frozen=True)
+class CanaryState:
+    """A canary lead's latest collection by its source: its outcome (None: not collected yet),
+    the records it stored and whether it is a dead letter."""
+
+    lead: str
+    outcome: str | None
+    records: int
+    dead_letter: bool = False
+
+
+def canary_verdict(canaries: Sequence[CanaryState], *, expected_min: int) -> Verdict:
+    """Known-positive leads must always yield records: one that answered with fewer than the
+    source's minimum (at least one), failed or was dead-lettered fails the source (ERROR)."""
+    need = max(1, expected_min)
+    failing = [c for c in canaries if c.outcome is not None and (c.dead_letter or c.outcome == "failed"
+                                                                 or c.records < need)]
+    waiting = [c for c in canaries if c.outcome is None and not c.dead_letter]
+    details: dict[str, float | int | str | None] = {
+        "canaries": len(canaries), "failing": len(failing), "not_collected_yet": len(waiting)}
+    examples = [f"{c.lead}: {'dead letter' if c.dead_letter else c.outcome} ({c.records} records)" for c in failing]
+    if not canaries:
+        return Verdict(True, "error", 0, need, "no canary leads configured", details=details)
+    if failing:
+        return Verdict(False, "error", len(failing), 0,
+                       f"{len(failing)} of {len(canaries)} canary lead(s) yielded fewer than {need} record(s).",
+                       examples[:EXAMPLES], details)
+    return Verdict(True, "error", 0, 0, f"{len(canaries) - len(waiting)} of {len(canaries)} canaries collected, "
+                   "all with records", details=details)
+
+
+def budget_verdict(spent_usd: float, budget_usd: float) -> Verdict:
+    """A source whose spend today reached its daily budget gets no background work (WARN): its
+    recurring crawls and backfills wait for the next UTC day; interactive leads still run."""
+    details: dict[str, float | int | str | None] = {"spent_today_usd": round(spent_usd, 4),
+                                                     "daily_budget_usd": budget_usd}
+    if budget_usd > 0 and spent_usd >= budget_usd:
+        return Verdict(False, "warn", round(spent_usd, 4), budget_usd,
+                       f"spent {spent_usd:.2f} of its {budget_usd:.2f} USD budget today: recurring and backfill "
+                       "work waits for the next UTC day; interactive leads still run", details=details)
+    return Verdict(True, "warn", round(spent_usd, 4), budget_usd,
+                   f"spent {spent_usd:.2f} of {budget_usd:.2f} USD today", details=details)
+
+
+def judge_source(store: StateStore, spec: SourceSpec, *, now: datetime,
+                 spent_today_usd: float | None = None) -> dict[str, Verdict]:
+    """Every source-level judgement, from the state store: `fresh`, `canaries`, `refusals`, `volume`
+    and, given the day's spend of a source with a budget, `budget`."""
+    verdicts = {"fresh": freshness_verdict(store.monitored_freshness(spec.name, lead_kinds=spec.lead_kinds),
+                                           cadence_s=spec.recrawl_every_s, now=now)}
+    states = []
+    for canary in spec.canaries:
+        lead_id = canary.lead.id
+        done = store.collection(spec.name, lead_id)
+        states.append(CanaryState(f"{canary.kind}:{canary.value}", done.outcome if done else None,
+                                  done.records if done else 0,
+                                  bool(store.dead_letters(source=spec.name, lead_id=lead_id))))
+    verdicts["canaries"] = canary_verdict(states, expected_min=spec.expected_min_records)
+    recent_since = now - timedelta(seconds=REFUSALS_RECENT_S)
+    recent, _ = store.fetch_profile(spec.name, since=recent_since)
+    before, _ = store.fetch_profile(spec.name, since=recent_since - timedelta(seconds=REFUSALS_BASELINE_S),
+                                    until=recent_since)
+    verdicts["refusals"] = block_rate_verdict(recent, before)
+    volume_since = now - timedelta(seconds=VOLUME_RECENT_S)
+    volume_before = volume_since - timedelta(seconds=VOLUME_BASELINE_S)
+    _, recent_bytes = store.fetch_profile(spec.name, since=volume_since)
+    _, before_bytes = store.fetch_profile(spec.name, since=volume_before, until=volume_since)
+    verdicts["volume"] = volume_verdict(
+        Volume(*store.collection_volume(spec.name, since=volume_since), ok_bytes=recent_bytes),
+        Volume(*store.collection_volume(spec.name, since=volume_before, until=volume_since), ok_bytes=before_bytes))
+    if spent_today_usd is not None and spec.daily_budget_usd > 0:
+        verdicts["budget"] = budget_verdict(spent_today_usd, spec.daily_budget_usd)
+    return verdicts

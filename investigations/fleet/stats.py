@@ -1,0 +1,508 @@
+"""Fleet figures per source, computed from what the state store records, and a health verdict.
+
+Read on demand (the CLI, `/metrics` on each scrape, the `fleet/health` asset), never counted in
+memory: every process of the fleet writes the same tables, so any process can tell the whole truth.
+
+Sources of each figure, over a window (default 15 min) unless said otherwise:
+
+- requests, retries, failures, throttles/blocks and latency: the fetch log (one row per attempt);
+- collections, records and empty answers: each (source, lead)'s latest attempt (`collections`), so
+  a lead collected twice within the window counts once;
+- backlog and in flight: the fleet's queue now; dead letters now; identities now;
+- freshness: the monitored leads (in an active case, collected by the source before). Fresh means
+  collected *with records* within the source's `recrawl_every`: an empty answer is not fresh;
+- spend: today (UTC) and over the window, priced by `investigations.scheduling.cost`.
+
+The computing functions are pure over plain rows (`figures_for`, `health_of`, `identity_standings`);
+`fleet_figures` reads the rows and calls them. Only freshness is summed up in SQL (`Freshness`): a
+fleet may monitor a great many leads, and a row for each would cost more than the rest together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, and_, case, func, select, type_coerce
+
+from investigations.collection.events import Outcome
+from investigations.evidence.captures import evidence_bytes_by_source
+from investigations.scheduling.cost import (
+    Usage,
+    evidence_cost_usd,
+    identity_prices,
+    records_per_usd,
+    spend_by_source,
+    spend_today,
+)
+from investigations.sources.specs import SourceCatalog, SourceSpec
+from investigations.store import StateStore, utcnow
+from investigations.store import schema as s
+
+DEFAULT_WINDOW_S = 900.0
+# Per identity, the failures shown by `investigations identities` are counted over this long.
+IDENTITY_FAILURES_WINDOW = timedelta(hours=24)
+
+_FAILED = frozenset({Outcome.TRANSIENT.value, Outcome.PERMANENT.value})
+_BLOCKED = frozenset({Outcome.THROTTLED.value, Outcome.BLOCKED.value})
+IDENTITY_STATES = ("available", "leased", "resting", "retired")
+# Every verdict `health_of` gives, best first.
+HEALTH_STATES = ("ok", "idle", "stale", "stalled", "over_budget", "empty", "failing", "blocked")
+
+
+# -- rows, as the store holds them ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One attempt in the fetch log."""
+
+    source: str
+    outcome: str
+    attempt: int
+    latency_ms: float
+    identity_id: str = "direct"
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CollectionRow:
+    """The latest attempt at one (source, lead): ok (with records), empty, or failed."""
+
+    source: str
+    outcome: str
+    records: int
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """A source's monitored leads, summed up in the store (there may be a great many)."""
+
+    monitored: int = 0
+    fresh: int = 0  # last success had records and is within the source's cadence
+    empty: int = 0  # last success stored nothing
+    # The stalest lead's last success with records or, lacking one, when it joined the fleet: an
+    # empty answer does not reset a lead's age.
+    stalest_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class IdentityStanding:
+    """One identity at one source (`source` None: never used at any source yet). No credentials."""
+
+    identity_id: str
+    tier: str
+    range: str
+    source: str | None
+    state: str  # available | leased | resting | retired
+    leased_by: str | None = None
+    rest_until_s: float | None = None
+    score: float = 0.0  # error score: failures add 1, successes take 0.5 off (see identities.health)
+    rests: int = 0
+    failures: int = 0  # failed answers at the source in the last IDENTITY_FAILURES_WINDOW
+
+
+# -- the figures ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HealthThresholds:
+    """When a source stops looking healthy. Rates are shares of the window's requests/collections."""
+
+    # Fewer requests than this are too few for a rate: they are judged only when every one went wrong.
+    min_requests: int = 5
+    # A fifth of answers throttled or blocked: the source is pushing back on us.
+    block_rate: float = 0.2
+    # Nearly a third failing (5xx, other 4xx, timeouts): the source is down or the requests are wrong.
+    failure_rate: float = 0.3
+    # Half the successful collections empty: likely a silent change (a layout, an API key) not the leads.
+    empty_rate: float = 0.5
+    # Under half the monitored leads fresh: recurring crawls are not keeping up.
+    fresh_share: float = 0.5
+
+
+DEFAULT_THRESHOLDS = HealthThresholds()
+
+
+@dataclass(frozen=True)
+class SourceFigures:
+    """Everything the fleet knows about one source, in plain numbers (units in the names)."""
+
+    source: str
+    health: str
+    health_reason: str
+    window_s: float
+    backlog: int  # queued collections, ready or waiting for their start time
+    ready: int
+    in_flight: int  # handed to Dagster and not finished
+    requests: int
+    requests_per_min: float
+    collections: int
+    collections_failed: int
+    records: int
+    records_per_min: float
+    retry_rate: float | None  # share of requests that were a retry (or a wait after a 429)
+    failure_rate: float | None  # share answered transient or permanent (5xx, other 4xx, timeouts)
+    block_rate: float | None  # share throttled (429/503) or blocked (401/403/block page)
+    empty_rate: float | None  # share of successful collections with no records
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    monitored: int
+    fresh: int
+    fresh_share: float | None
+    monitored_empty: int  # monitored leads whose last success stored nothing
+    stalest_age_s: float | None
+    identities_available: int
+    identities_leased: int
+    identities_resting: int
+    identities_retired: int
+    dead_letters: int
+    circuit: str
+    spend_today_usd: float
+    daily_budget_usd: float
+    spend_window_usd: float
+    records_per_usd: float | None
+    parked: dict[str, int] = field(default_factory=dict)
+    evidence_bytes: int = 0  # WARC captures kept for the source
+    evidence_usd: float = 0.0  # what keeping them costs (evidence_usd_per_gb)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+# Every numeric figure with its meaning: the `/metrics` gauges and the asset's metadata use this one list.
+NUMERIC_FIGURES: dict[str, str] = {
+    "backlog": "queued collections (ready or waiting for their start time)",
+    "ready": "queued collections ready to go",
+    "in_flight": "collections handed to Dagster and not finished",
+    "requests_per_min": "requests per minute over the window",
+    "records_per_min": "records collected per minute over the window",
+    "retry_rate": "share of the window's requests that were retries",
+    "failure_rate": "share of the window's requests answered 5xx or other 4xx, timed out or refused",
+    "block_rate": "share of the window's requests throttled (429/503) or blocked (401/403, block page)",
+    "empty_rate": "share of the window's successful collections that found no records",
+    "latency_p50_ms": "median request latency over the window, ms",
+    "latency_p95_ms": "95th percentile request latency over the window, ms",
+    "fresh_share": "share of monitored leads collected with records within their cadence",
+    "monitored": "monitored leads (in an active case, collected by the source before)",
+    "stalest_age_s": "age of the stalest monitored lead's last collection with records, s",
+    "identities_available": "identities free to lease for the source",
+    "identities_leased": "identities leased for the source now",
+    "identities_resting": "identities resting at the source (their own rest or their range's)",
+    "identities_retired": "identities retired at the source",
+    "dead_letters": "collections that gave up",
+    "spend_today_usd": "spend since midnight UTC, USD",
+    "daily_budget_usd": "daily budget, USD (0: none)",
+    "records_per_usd": "records per USD over the window",
+    "evidence_bytes": "bytes of WARC captures kept for the source",
+    "evidence_usd": "what keeping the source's captures costs, USD (evidence_usd_per_gb)",
+}
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The nearest-rank `q` percentile (0 < q <= 1) of `values`, or None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _share(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def figures_for(
+    spec: SourceSpec,
+    *,
+    now: datetime,
+    window_s: float,
+    requests: Sequence[RequestRow] = (),
+    collections: Sequence[CollectionRow] = (),
+    freshness: Freshness = Freshness(),
+    identities: Mapping[str, int] | None = None,
+    depth: Mapping[str, int] | None = None,
+    dead_letters: int = 0,
+    circuit: str = "closed",
+    spend_today_usd: float = 0.0,
+    spend_window_usd: float = 0.0,
+    parked: Mapping[str, int] | None = None,
+    thresholds: HealthThresholds = DEFAULT_THRESHOLDS,
+) -> SourceFigures:
+    """One source's figures from its rows (the caller passes only this source's). `identities`
+    counts its identities by state; `depth` is its `queue_depths` entry."""
+    identities = identities or {}
+    depth = depth or {}
+    minutes = window_s / 60
+    outcomes = Counter(row.outcome for row in requests)
+    by_outcome = Counter(row.outcome for row in collections)
+    succeeded = by_outcome["ok"] + by_outcome["empty"]
+    records = sum(row.records for row in collections if row.outcome == "ok")
+    latencies = [row.latency_ms for row in requests]
+    base = SourceFigures(
+        source=spec.name,
+        health="",
+        health_reason="",
+        window_s=window_s,
+        backlog=depth.get("ready", 0) + depth.get("waiting", 0),
+        ready=depth.get("ready", 0),
+        in_flight=depth.get("dispatched", 0),
+        requests=len(requests),
+        requests_per_min=len(requests) / minutes,
+        collections=len(collections),
+        collections_failed=by_outcome["failed"],
+        records=records,
+        records_per_min=records / minutes,
+        retry_rate=_share(sum(1 for row in requests if row.attempt > 1), len(requests)),
+        failure_rate=_share(sum(outcomes[o] for o in _FAILED), len(requests)),
+        block_rate=_share(sum(outcomes[o] for o in _BLOCKED), len(requests)),
+        empty_rate=_share(by_outcome["empty"], succeeded),
+        latency_p50_ms=percentile(latencies, 0.5),
+        latency_p95_ms=percentile(latencies, 0.95),
+        monitored=freshness.monitored,
+        fresh=freshness.fresh,
+        fresh_share=_share(freshness.fresh, freshness.monitored),
+        monitored_empty=freshness.empty,
+        stalest_age_s=(now - freshness.stalest_since).total_seconds() if freshness.stalest_since else None,
+        identities_available=identities.get("available", 0),
+        identities_leased=identities.get("leased", 0),
+        identities_resting=identities.get("resting", 0),
+        identities_retired=identities.get("retired", 0),
+        dead_letters=dead_letters,
+        circuit=circuit,
+        spend_today_usd=spend_today_usd,
+        daily_budget_usd=spec.daily_budget_usd,
+        spend_window_usd=spend_window_usd,
+        records_per_usd=records_per_usd(records, spend_window_usd),
+        parked=dict(parked or {}),
+    )
+    health, reason = health_of(base, thresholds)
+    return replace(base, health=health, health_reason=reason)
+
+
+def _too_much(count: int, total: int, limit: float, thresholds: HealthThresholds) -> bool:
+    """A rate over its limit on enough requests, or every one of too few requests gone wrong."""
+    if total >= thresholds.min_requests:
+        return count / total >= limit
+    return 0 < total == count
+
+
+def health_of(f: SourceFigures, thresholds: HealthThresholds = DEFAULT_THRESHOLDS) -> tuple[str, str]:
+    """The verdict on a source and why, worst first, so an empty or blocked source never looks ok:
+
+    blocked (pushed back, or no identity left) > failing (circuit, failures) > empty (answers with
+    nothing in them) > over_budget > stalled (work ready, nothing sent) > stale (monitored leads
+    behind their cadence) > idle (nothing in the window) > ok.
+    """
+    pushed_back = round((f.block_rate or 0) * f.requests)
+    failed = round((f.failure_rate or 0) * f.requests)
+    pool = f.identities_available + f.identities_leased + f.identities_resting + f.identities_retired
+    if _too_much(pushed_back, f.requests, thresholds.block_rate, thresholds):
+        return "blocked", f"{pushed_back} of {f.requests} requests throttled or blocked"
+    if pool and not (f.identities_available or f.identities_leased):
+        return "blocked", f"no identity left: {f.identities_resting} resting, {f.identities_retired} retired"
+    if f.circuit != "closed":
+        return "failing", f"circuit {f.circuit}"
+    if _too_much(failed, f.requests, thresholds.failure_rate, thresholds):
+        return "failing", f"{failed} of {f.requests} requests failed"
+    succeeded = f.collections - f.collections_failed
+    if succeeded and (f.empty_rate or 0) >= thresholds.empty_rate:
+        return "empty", f"{round((f.empty_rate or 0) * succeeded)} of {succeeded} collections found no records"
+    if not succeeded and f.monitored and f.monitored_empty / f.monitored >= thresholds.empty_rate:
+        return "empty", f"{f.monitored_empty} of {f.monitored} monitored leads stored no records"
+    if f.daily_budget_usd > 0 and f.spend_today_usd >= f.daily_budget_usd:
+        return "over_budget", f"spent {f.spend_today_usd:.2f} of {f.daily_budget_usd:.2f} USD today"
+    if f.ready and not f.requests and not f.collections:
+        return "stalled", f"{f.ready} collections ready, nothing sent in {f.window_s / 60:g} min"
+    if f.fresh_share is not None and f.fresh_share < thresholds.fresh_share:
+        return "stale", f"{f.fresh} of {f.monitored} monitored leads fresh"
+    if not f.requests and not f.collections:
+        return "idle", f"nothing sent in {f.window_s / 60:g} min"
+    return "ok", ""
+
+
+def identity_standings(
+    *,
+    identities: Sequence[Mapping[Any, Any]],
+    leases: Sequence[Mapping[Any, Any]],
+    health: Sequence[Mapping[Any, Any]],
+    range_rests: Sequence[Mapping[Any, Any]],
+    failures: Mapping[tuple[str, str], int] | None = None,
+    now_s: float,
+) -> list[IdentityStanding]:
+    """Each active identity's standing at every source it has a lease slot or health at (or one row,
+    `source` None, if none). Worst first: retired > resting (its own rest or its range's) > leased >
+    available. Rows are the registry's, lease slots', health's and range rests' columns."""
+    failures = failures or {}
+    slots = {(row["identity_id"], row["source"]): row for row in leases}
+    standing = {(row["identity_id"], row["source"]): row for row in health}
+    range_until = {(row["range"], row["source"]): float(row["rest_until_s"]) for row in range_rests}
+    out: list[IdentityStanding] = []
+    for ident in identities:
+        if not ident.get("active", True):
+            continue
+        identity_id, range_name = ident["identity_id"], ident["range"]
+        sources = sorted({src for (i, src) in (*slots, *standing) if i == identity_id})
+        if not sources:
+            out.append(IdentityStanding(identity_id, ident["tier"], range_name, None, "available"))
+            continue
+        for source in sources:
+            slot, h = slots.get((identity_id, source)), standing.get((identity_id, source))
+            rest_until = h.get("rest_until_s") if h else None
+            range_rest = range_until.get((range_name, source))
+            leased = slot is not None and not slot["released"] and slot["expires_at_s"] > now_s
+            if h is not None and h["state"] == "retired":
+                state = "retired"
+            elif h is not None and h["state"] == "resting" and rest_until is not None and rest_until > now_s:
+                state = "resting"
+            elif range_rest is not None and range_rest > now_s:
+                state, rest_until = "resting", range_rest
+            elif leased:
+                state = "leased"
+            else:
+                state = "available"
+            out.append(IdentityStanding(
+                identity_id, ident["tier"], range_name, source, state,
+                leased_by=slot["holder"] if leased and slot is not None else None,
+                rest_until_s=rest_until if state == "resting" else None,
+                score=h["score"] if h else 0.0,
+                rests=h["rests"] if h else 0,
+                failures=failures.get((identity_id, source), 0),
+            ))
+    return out
+
+
+def identity_counts(standings: Iterable[IdentityStanding], sources: Sequence[str],
+                    *, pool_size: int) -> dict[str, dict[str, int]]:
+    """Per source: identities by state. An identity never seen at a source is available there."""
+    counts = {source: dict.fromkeys(IDENTITY_STATES, 0) for source in sources}
+    seen: dict[str, int] = defaultdict(int)
+    for row in standings:
+        if row.source in counts:
+            counts[row.source][row.state] += 1
+            seen[row.source] += 1
+    for source in sources:
+        counts[source]["available"] += max(0, pool_size - seen[source])
+    return counts
+
+
+# -- reading the store ----------------------------------------------------------------------------
+
+
+def read_identity_standings(store: StateStore, *, now: datetime | None = None,
+                            with_failures: bool = True) -> list[IdentityStanding]:
+    """Every active identity's standing per source, from the registry, leases and health; with
+    `with_failures`, its failed answers there in the last IDENTITY_FAILURES_WINDOW (a scan of the
+    fetch log that the fleet figures do without)."""
+    now = now or utcnow()
+    i, lease, h, r, fl = s.identities, s.identity_leases, s.identity_health, s.range_rests, s.fetch_log
+    failing = (select(fl.c.identity_id, fl.c.source, func.count())
+               .where(fl.c.at >= now - IDENTITY_FAILURES_WINDOW, fl.c.outcome != Outcome.OK.value)
+               .group_by(fl.c.identity_id, fl.c.source))
+    with store.engine.begin() as conn:
+        identities = conn.execute(select(i.c.identity_id, i.c.tier, i.c.range, i.c.active)
+                                  .order_by(i.c.tier_rank, i.c.identity_id)).mappings().all()
+        leases = conn.execute(select(lease.c.identity_id, lease.c.source, lease.c.holder, lease.c.released,
+                                     lease.c.expires_at_s)).mappings().all()
+        health = conn.execute(select(h.c.identity_id, h.c.source, h.c.state, h.c.score, h.c.rests,
+                                     h.c.rest_until_s)).mappings().all()
+        rests = conn.execute(select(r.c.range, r.c.source, r.c.rest_until_s)).mappings().all()
+        failures = ({(identity, source): count for identity, source, count in conn.execute(failing)}
+                    if with_failures else {})
+    return identity_standings(identities=identities, leases=leases, health=health, range_rests=rests,
+                              failures=failures, now_s=now.timestamp())
+
+
+def fleet_figures(
+    store: StateStore,
+    catalog: SourceCatalog,
+    *,
+    now: datetime | None = None,
+    window_s: float = DEFAULT_WINDOW_S,
+    circuits: Mapping[str, str] | None = None,
+    thresholds: HealthThresholds = DEFAULT_THRESHOLDS,
+    data_dir: Path | None = None,
+) -> list[SourceFigures]:
+    """Every configured source's figures now, in catalog order. `circuits` maps a source to its
+    circuit state (the caller reads them from `pacing.Circuits`; absent: closed). With `data_dir`,
+    the captures kept under it are counted (bytes and their storage cost)."""
+    now = now or utcnow()
+    since = now - timedelta(seconds=window_s)
+    fl, c, q, dl = s.fetch_log, s.collections, s.collection_queue, s.dead_letters
+    with store.engine.begin() as conn:
+        requests = [RequestRow(*row) for row in conn.execute(
+            select(fl.c.source, fl.c.outcome, fl.c.attempt, fl.c.latency_ms, fl.c.identity_id, fl.c.bytes)
+            .where(fl.c.at >= since))]
+        collections = [CollectionRow(*row) for row in conn.execute(
+            select(c.c.source, c.c.outcome, c.c.records).where(c.c.last_attempt_at >= since))]
+        freshness = {spec.name: _freshness(conn, spec, now=now) for spec in catalog.sources}
+        letters: dict[str, int] = dict(conn.execute(select(dl.c.source, func.count()).group_by(dl.c.source)).all())
+        parked_rows = conn.execute(
+            select(q.c.source, q.c.park_reason, func.count())
+            .where(q.c.state == "queued", q.c.outcome == "parked").group_by(q.c.source, q.c.park_reason)).all()
+        pool_size = conn.execute(select(func.count()).where(s.identities.c.active)).scalar() or 0
+    depths = store.queue_depths(now=now)
+    standings = read_identity_standings(store, now=now, with_failures=False)
+    counts = identity_counts(standings, catalog.names, pool_size=pool_size)
+    spent_today = spend_today(store, catalog, now=now)
+    window_usage: Counter[tuple[str, str]] = Counter()
+    window_bytes: Counter[tuple[str, str]] = Counter()
+    for row in requests:
+        window_usage[(row.source, row.identity_id)] += 1
+        window_bytes[(row.source, row.identity_id)] += row.bytes
+    spent_window = spend_by_source([Usage(src, ident, n, window_bytes[(src, ident)])
+                                    for (src, ident), n in window_usage.items()], catalog, identity_prices(store))
+    parked: dict[str, dict[str, int]] = defaultdict(dict)
+    for source, reason, count in parked_rows:
+        parked[source][reason or "unknown"] = count
+    by_source = _group(requests), _group(collections)
+    kept = evidence_bytes_by_source(data_dir) if data_dir is not None else {}
+    return [
+        replace(figures_for(
+            spec, now=now, window_s=window_s,
+            requests=by_source[0].get(spec.name, []),
+            collections=by_source[1].get(spec.name, []),
+            freshness=freshness[spec.name],
+            identities=counts[spec.name],
+            depth=depths.get(spec.name),
+            dead_letters=letters.get(spec.name, 0),
+            circuit=(circuits or {}).get(spec.name, "closed"),
+            spend_today_usd=spent_today.get(spec.name, 0.0),
+            spend_window_usd=spent_window.get(spec.name, 0.0),
+            parked=parked.get(spec.name),
+            thresholds=thresholds,
+        ), evidence_bytes=kept.get(spec.name, 0), evidence_usd=evidence_cost_usd(spec, kept.get(spec.name, 0)))
+        for spec in catalog.sources
+    ]
+
+
+def _freshness(conn: Connection, spec: SourceSpec, *, now: datetime) -> Freshness:
+    """Monitored leads of `spec` (in an active case, collected by it before) summed up in SQL."""
+    c = s.collections
+    active = (select(s.case_leads.c.lead_id).join(s.cases, s.cases.c.case_id == s.case_leads.c.case_id)
+              .where(s.cases.c.status == "active"))
+    with_records = and_(c.c.records > 0, c.c.last_success_at.is_not(None))
+    cutoff = now - timedelta(seconds=spec.recrawl_every_s)
+    since = case((with_records, c.c.last_success_at), else_=s.leads.c.created_at)
+    query = (
+        select(func.count(),
+               func.coalesce(func.sum(case((and_(with_records, c.c.last_success_at >= cutoff), 1), else_=0)), 0),
+               func.coalesce(func.sum(case((and_(c.c.records == 0, c.c.last_success_at.is_not(None)), 1),
+                                           else_=0)), 0),
+               type_coerce(func.min(since), s.UTCDateTime))
+        .select_from(c.join(s.leads, s.leads.c.lead_id == c.c.lead_id))
+        .where(c.c.source == spec.name, c.c.lead_id.in_(active))
+    )
+    monitored, fresh, empty, stalest = conn.execute(query).one()
+    return Freshness(monitored, int(fresh), int(empty), stalest)
+
+
+def _group(rows: Iterable[Any]) -> dict[str, list[Any]]:
+    grouped: dict[str, list[Any]] = defaultdict(list)
+    for row in rows:
+        grouped[row.source].append(row)
+    return grouped

@@ -1,0 +1,55 @@
+"""Priority classes and how they map onto Dagster's run queue.
+
+`dagster/priority` orders the queue (higher first); the class itself travels as our own tag so the
+run-queue headroom rules and the metrics can tell interactive work from background work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+
+class PriorityClass(StrEnum):
+    INTERACTIVE = "interactive"  # a fresh lead in an active case: an investigator is waiting
+    RECURRING = "recurring"  # a cadence re-crawl of monitored leads
+    BACKFILL = "backfill"  # bulk work that must yield to everything else
+
+
+# Wide gaps leave room for finer ordering inside a class. A backfill launched from the Dagster UI
+# carries no priority tag (0), so it ranks with our own backfills, below recurring crawls.
+DAGSTER_PRIORITY: dict[PriorityClass, int] = {
+    PriorityClass.INTERACTIVE: 100,
+    PriorityClass.RECURRING: 50,
+    PriorityClass.BACKFILL: 0,
+}
+
+PRIORITY_CLASS_TAG = "investigations/priority_class"
+# Set on recurring and backfill runs; dagster.yaml caps how many run at once, so the rest of the
+# run slots stay free for interactive work.
+BACKGROUND_TAG = "investigations/background"
+# Unix niceness of a background run's worker: on a busy machine the CPU goes to a fresh lead's run
+# first (a run start costs seconds of CPU); a batch waits on its rate lanes most of the time anyway.
+BACKGROUND_NICENESS = 10
+# Every run the dispatcher requests carries its handover key here. A batch run's members are the
+# queue rows recorded under that key (its partition range is only the envelope around them), and a
+# run that died gives those rows back by it.
+HANDOVER_TAG = "investigations/handover"
+# Every run of a case carries it, so the Runs page filtered by the case shows the case's runs.
+CASE_TAG = "investigations/case"
+# An interactive run that fresh leads of other cases joined names those cases here (see
+# `investigations.collection.runwork`); its own case stays in CASE_TAG.
+JOINED_CASES_TAG = "investigations/joined_cases"
+
+
+def run_tags(priority: PriorityClass) -> dict[str, str]:
+    """The run tags that place a run of this class in Dagster's queue."""
+    tags = {"dagster/priority": str(DAGSTER_PRIORITY[priority]), PRIORITY_CLASS_TAG: priority.value}
+    if priority is not PriorityClass.INTERACTIVE:
+        tags[BACKGROUND_TAG] = "true"
+    return tags
+
+
+def is_background(tags: Mapping[str, str]) -> bool:
+    """Whether a run is background work: our recurring crawls and backfills, or a UI backfill."""
+    return tags.get(BACKGROUND_TAG) == "true" or "dagster/backfill" in tags

@@ -1,0 +1,170 @@
+"""Silent degradation: each judgement, table-tested on plain values, and a source judged from its store."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from investigations.collection.events import FetchEvent, Outcome
+from investigations.fleet.degradation import (
+    CanaryState,
+    Volume,
+    answer_verdict,
+    block_rate_verdict,
+    canary_verdict,
+    freshness_verdict,
+    judge_source,
+    missing_fields,
+    volume_verdict,
+)
+from investigations.intake.leads import normalize_lead
+from investigations.sources.specs import load_sources
+from investigations.store import StateStore
+
+ROOT = Path(__file__).resolve().parents[3]
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+FIELDS = ["type", "value", "first_seen"]
+
+
+@pytest.mark.parametrize(
+    ("records", "expected_min", "baseline", "fields", "passed", "severity", "says"),
+    [
+        (0, 1, [], FIELDS, False, "error", "at least 1 expected"),
+        (0, 0, [], FIELDS, True, "error", "usual"),  # a source where no result is a result
+        (2, 1, [20, 18, 22, 19, 21], FIELDS, False, "warn", "recent median (20)"),
+        (2, 1, [20, 18, 22, 19], FIELDS, True, "error", "usual"),  # too few earlier answers to judge
+        (6, 1, [20, 18, 22, 19, 21], FIELDS, True, "error", "usual"),
+        (0, 0, [0, 0, 0, 0, 0], FIELDS, True, "error", "usual"),  # a source that never finds anything
+        (20, 1, [20] * 5, ["type", "value"], False, "warn", "first_seen"),
+    ],
+)
+def test_an_answer_is_judged_against_the_fixed_minimum_then_the_source_s_own_baseline(
+    records, expected_min, baseline, fields, passed, severity, says
+) -> None:
+    verdict = answer_verdict(records=records, expected_min=expected_min, baseline=baseline, fields=fields,
+                             baseline_fields=[FIELDS] * 5)
+    assert (verdict.passed, verdict.severity) == (passed, severity)
+    assert says in verdict.description
+
+
+@pytest.mark.parametrize(
+    ("baseline_fields", "missing"),
+    [
+        ([FIELDS] * 5, ["first_seen"]),
+        ([FIELDS] * 4, []),  # not yet known to be always there
+        ([FIELDS] * 4 + [["type", "value"]], []),  # one earlier answer lacked it: not "always"
+        ([FIELDS] * 4 + [None, FIELDS], ["first_seen"]),  # rows from before fields were kept are skipped
+    ],
+)
+def test_a_field_is_missing_only_when_the_source_s_answers_always_had_it(baseline_fields, missing) -> None:
+    assert missing_fields(["type", "value"], baseline_fields) == missing
+
+
+@pytest.mark.parametrize(
+    ("recent", "baseline", "passed", "severity"),
+    [
+        ({"ok": 90, "blocked": 10}, {"ok": 1000}, True, "warn"),  # 10 %: under the 20 % floor
+        ({"ok": 70, "blocked": 20, "throttled": 10}, {"ok": 1000}, False, "warn"),  # 30 %, from 0
+        ({"ok": 70, "throttled": 30}, {"ok": 800, "throttled": 200}, True, "warn"),  # 30 % against 20 %: usual
+        ({"ok": 10, "blocked": 90}, {"ok": 1000}, False, "error"),
+        ({"blocked": 10}, {}, True, "warn"),  # too few requests to judge
+    ],
+)
+def test_a_spike_of_refusals_warns_and_near_total_refusal_is_an_error(recent, baseline, passed, severity) -> None:
+    verdict = block_rate_verdict(recent, baseline)
+    assert (verdict.passed, verdict.severity) == (passed, severity)
+
+
+@pytest.mark.parametrize(
+    ("recent", "passed", "says"),
+    [
+        (Volume(10, 0, 200, 4000.0), True, "records per collection"),
+        (Volume(10, 6, 40, 4000.0), False, "4.00 records per collection recently, against 20.00"),
+        (Volume(10, 0, 200, 1500.0), False, "bytes"),
+        (Volume(3, 3, 0, 100.0), True, "too few"),
+    ],
+)
+def test_a_drop_of_records_or_answer_size_against_the_week_before_warns(recent, passed, says) -> None:
+    verdict = volume_verdict(recent, Volume(50, 0, 1000, 4000.0))
+    assert verdict.passed is passed and says in verdict.description
+
+
+def test_freshness_counts_only_leads_collected_with_records_within_the_cadence() -> None:
+    monitored = [("a", NOW - timedelta(hours=1)), ("b", NOW - timedelta(hours=30)), ("c", None),
+                 ("d", NOW - timedelta(hours=2))]
+    verdict = freshness_verdict(monitored, cadence_s=6 * 3600, now=NOW)
+    assert (verdict.passed, verdict.severity) == (False, "warn")
+    assert verdict.observed == 0.5 and verdict.details["stale_leads"] == 2
+    assert verdict.examples[0] == "c"  # never collected with records: the stalest
+    assert verdict.details["stalest_age_s"] == 30 * 3600
+    assert verdict.details["never_collected_with_records"] == 1
+
+
+@pytest.mark.parametrize(
+    ("ages_h", "passed", "severity"),
+    [([1] * 10, True, "warn"), ([1] * 9 + [30], True, "warn"), ([1] * 8 + [30] * 2, False, "warn"),
+     ([1] * 4 + [30] * 6, False, "error"), ([], True, "warn")],
+)
+def test_freshness_warns_under_90_percent_and_fails_as_an_error_under_half(ages_h, passed, severity) -> None:
+    monitored = [(f"l{i}", NOW - timedelta(hours=h)) for i, h in enumerate(ages_h)]
+    verdict = freshness_verdict(monitored, cadence_s=6 * 3600, now=NOW)
+    assert (verdict.passed, verdict.severity) == (passed, severity)
+
+
+@pytest.mark.parametrize(
+    ("canaries", "passed"),
+    [
+        ([CanaryState("domain:a", "ok", 3)], True),
+        ([CanaryState("domain:a", None, 0)], True),  # not collected yet: nothing to say
+        ([CanaryState("domain:a", "ok", 3), CanaryState("domain:b", "empty", 0)], False),
+        ([CanaryState("domain:a", "failed", 3, dead_letter=True)], False),
+        ([], True),
+    ],
+)
+def test_a_canary_without_records_fails_the_source(canaries, passed) -> None:
+    verdict = canary_verdict(canaries, expected_min=1)
+    assert verdict.passed is passed and verdict.severity == "error"
+    if not passed:
+        assert verdict.examples
+
+
+@pytest.fixture
+def store(sandbox_env):
+    made = StateStore.from_url(f"sqlite:///{sandbox_env / 'state.db'}")
+    yield made
+    made.close()
+
+
+def _fetch(source: str, outcome: Outcome, at: datetime, status: int = 200) -> FetchEvent:
+    return FetchEvent(source=source, lead_id="l", identity_id="direct", url="http://x/", method="GET", status=status,
+                      outcome=outcome, latency_ms=5.0, bytes=100, attempt=1, at=at)
+
+
+def test_a_silently_empty_source_is_judged_stale_and_its_canary_failing_from_the_store(store) -> None:
+    quiet = load_sources(ROOT / "sources.yaml").get("quiet")
+    for value in ("a.example", "b.example"):
+        lead = normalize_lead("domain", value)
+        store.add_lead(lead, case_id="case-1")
+        store.complete_collection(source="quiet", lead_id=lead.id, outcome="empty", records=0, content_hash="h",
+                                  path="/p", run_id="r", now=NOW - timedelta(minutes=5))
+    canary = quiet.canaries[0].lead
+    store.add_lead(canary)
+    store.complete_collection(source="quiet", lead_id=canary.id, outcome="empty", records=0, content_hash="h",
+                              path="/p", run_id="r", now=NOW - timedelta(minutes=5))
+    store.record_fetches([_fetch("quiet", Outcome.BLOCKED, NOW - timedelta(minutes=1), 403)] * 30)
+    verdicts = judge_source(store, quiet, now=NOW)
+    assert verdicts["fresh"].passed is False and verdicts["fresh"].details["monitored_leads"] == 2  # the canary is in no case
+    assert verdicts["canaries"].passed is False and "canary.example" in verdicts["canaries"].examples[0]
+    assert verdicts["refusals"].passed is False and verdicts["refusals"].severity == "error"
+
+
+@pytest.mark.parametrize(("spent", "budget", "passed"), [(1.0, 5.0, True), (5.0, 5.0, False), (7.5, 5.0, False)])
+def test_a_spent_budget_warns_that_background_work_waits(spent, budget, passed) -> None:
+    from investigations.fleet.degradation import budget_verdict
+
+    verdict = budget_verdict(spent, budget)
+    assert (verdict.passed, verdict.severity) == (passed, "warn")
+    if not passed:
+        assert "interactive leads still run" in verdict.description

@@ -1,0 +1,254 @@
+"""Fleet figures per source from plain rows, the health verdict, and the same read from a store."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from investigations.collection.events import FetchEvent, Outcome
+from investigations.fleet.stats import (
+    CollectionRow,
+    Freshness,
+    RequestRow,
+    figures_for,
+    fleet_figures,
+    health_of,
+    identity_counts,
+    identity_standings,
+    percentile,
+    read_identity_standings,
+)
+from investigations.intake.leads import normalize_lead
+from investigations.sources.specs import parse_sources
+from investigations.store import StateStore
+from investigations.store import schema as s
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+WINDOW_S = 600.0
+CATALOG = parse_sources("""
+sources:
+  - name: api
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://api.example/lookup?q={value}"}
+    recrawl_every: 1h
+    daily_budget_usd: 2
+    cost_per_request_usd: 0.01
+  - name: quiet
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://quiet.example/lookup?q={value}"}
+""")
+API = CATALOG.get("api")
+
+
+def requests(*outcomes: str, attempt: int = 1, latency_ms: float = 50.0) -> list[RequestRow]:
+    return [RequestRow("api", outcome, attempt, latency_ms) for outcome in outcomes]
+
+
+def collections(*outcomes: str, records: int = 3) -> list[CollectionRow]:
+    return [CollectionRow("api", outcome, records if outcome == "ok" else 0) for outcome in outcomes]
+
+
+def figures(**rows):
+    return figures_for(API, now=NOW, window_s=WINDOW_S, **rows)
+
+
+HEALTHY = figures(requests=requests(*["ok"] * 10), collections=collections(*["ok"] * 5))
+
+
+@pytest.mark.parametrize(
+    ("changes", "verdict"),
+    [
+        ({}, "ok"),
+        ({"collections": collections(*["empty"] * 5)}, "empty"),  # answers 200 with nothing in them
+        ({"collections": collections("ok", "empty")}, "empty"),  # half empty: not the leads
+        ({"collections": collections(*["ok"] * 9, "empty")}, "ok"),  # one lead with nothing is a lead
+        ({"collections": collections("failed", "failed")}, "ok"),  # failed collections are not empty ones
+        ({"requests": requests(*["ok"] * 7, "blocked", "throttled", "blocked")}, "blocked"),
+        ({"requests": requests("throttled", "throttled")}, "blocked"),  # too few for a rate, but all pushed back
+        ({"requests": requests("ok", "blocked")}, "ok"),  # too few, not all
+        ({"requests": requests(*["ok"] * 6, *["transient"] * 4)}, "failing"),
+        ({"requests": requests(*["ok"] * 3, *["transient"] * 4, *["blocked"] * 3)}, "blocked"),  # worst first
+        ({"circuit": "open"}, "failing"),
+        ({"identities": {"resting": 2, "retired": 1}}, "blocked"),  # no identity left to send as
+        ({"identities": {"resting": 2, "leased": 1}}, "ok"),
+        ({"spend_today_usd": 2.0}, "over_budget"),
+        ({"requests": [], "collections": [], "depth": {"ready": 5}}, "stalled"),
+        ({"freshness": Freshness(monitored=4, fresh=1, stalest_since=NOW - timedelta(hours=2))}, "stale"),
+        ({"freshness": Freshness(monitored=4, fresh=2, stalest_since=NOW - timedelta(hours=2))}, "ok"),
+        ({"requests": [], "collections": []}, "idle"),
+        # Nothing collected in the window, but what the monitored leads hold is empty: not idle, empty.
+        ({"requests": [], "collections": [],
+          "freshness": Freshness(monitored=2, empty=2, stalest_since=NOW - timedelta(days=1))}, "empty"),
+    ],
+)
+def test_the_health_verdict(changes, verdict) -> None:
+    rows = {"requests": requests(*["ok"] * 10), "collections": collections(*["ok"] * 5), **changes}
+    assert figures(**rows).health == verdict
+
+
+def test_an_unhealthy_verdict_says_why() -> None:
+    quiet = figures(requests=requests(*["ok"] * 4), collections=collections("ok", "empty", "empty"))
+    assert (quiet.health, quiet.health_reason) == ("empty", "2 of 3 collections found no records")
+    assert health_of(replace(HEALTHY, circuit="half_open")) == ("failing", "circuit half_open")
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [([], 0.5, None), ([7.0], 0.95, 7.0), ([1, 2, 3, 4], 0.5, 2), (list(range(1, 101)), 0.95, 95),
+     ([5, 1, 3], 0.5, 3)],
+)
+def test_percentile_is_nearest_rank(values, q, expected) -> None:
+    assert percentile(values, q) == expected
+
+
+def test_rates_latency_and_throughput_over_the_window() -> None:
+    rows = (requests("ok", "ok", "ok", "ok", latency_ms=10.0) + requests("ok", "transient", attempt=2, latency_ms=100.0)
+            + requests("throttled", "blocked", attempt=3, latency_ms=1000.0))
+    f = figures(requests=rows, collections=collections("ok", "ok", "empty", "failed", records=30),
+                spend_window_usd=0.5, depth={"ready": 2, "waiting": 3, "dispatched": 4})
+    assert (f.requests, f.requests_per_min) == (8, 8 / 10)
+    assert (f.retry_rate, f.failure_rate, f.block_rate) == (4 / 8, 1 / 8, 2 / 8)
+    assert (f.latency_p50_ms, f.latency_p95_ms) == (10.0, 1000.0)
+    assert (f.collections, f.collections_failed, f.records, f.records_per_min) == (4, 1, 60, 6.0)
+    assert f.empty_rate == 1 / 3
+    assert f.records_per_usd == 120.0
+    assert (f.backlog, f.ready, f.in_flight) == (5, 2, 4)
+
+
+def test_no_requests_means_no_rates_rather_than_zero_rates() -> None:
+    f = figures()
+    assert f.retry_rate is f.failure_rate is f.block_rate is f.empty_rate is f.latency_p50_ms is None
+    assert f.records_per_usd is None and f.fresh_share is None and f.stalest_age_s is None
+
+
+def test_freshness_counts_only_collections_with_records_within_the_cadence(store: StateStore) -> None:
+
+    def lead(value, *, joined_ago, case="open", collections=()):
+        item = normalize_lead("domain", value)
+        store.add_lead(item, case_id=case, now=NOW - joined_ago)
+        for outcome, records, ago in collections:
+            store.complete_collection(source="api", lead_id=item.id, outcome=outcome, records=records, content_hash="h",
+                                      path="/p", run_id="r", now=NOW - ago)
+
+    day = timedelta(days=1)
+    lead("fresh.example", joined_ago=day, collections=[("ok", 4, timedelta(minutes=10))])
+    # Answered with records, then empty: the empty answer is the last success, and it is not fresh.
+    lead("emptied.example", joined_ago=2 * day, collections=[("ok", 4, timedelta(hours=5)),
+                                                             ("empty", 0, timedelta(minutes=10))])
+    lead("old.example", joined_ago=day, collections=[("ok", 4, timedelta(hours=3))])  # past its 1 h cadence
+    lead("failing.example", joined_ago=timedelta(hours=30), collections=[("failed", 0, timedelta(minutes=1))])
+    lead("closed.example", joined_ago=5 * day, case="closed", collections=[("ok", 4, 4 * day)])
+    store.set_case_status("closed", "closed")  # not monitored any more
+    (api, _quiet) = fleet_figures(store, CATALOG, now=NOW, window_s=WINDOW_S)
+    assert (api.monitored, api.fresh, api.fresh_share, api.monitored_empty) == (4, 1, 0.25, 1)
+    # The stalest: the emptied lead, whose age runs from when it joined (2 days), not from its empty answer.
+    assert api.stalest_age_s == (2 * day).total_seconds()
+
+
+NOW_S = NOW.timestamp()
+IDENTITIES = [{"identity_id": i, "tier": "datacenter", "range": r, "active": True}
+              for i, r in (("a", "dc1"), ("b", "dc1"), ("c", "dc2"), ("d", "dc2"), ("e", "dc3"))]
+
+
+def slot(identity, *, released=False, expires_in_s=60.0, holder="run-1", source="api"):
+    return {"identity_id": identity, "source": source, "holder": holder, "released": released,
+            "expires_at_s": NOW_S + expires_in_s}
+
+
+def health(identity, state, *, rest_in_s=None, score=0.0, rests=0, source="api"):
+    return {"identity_id": identity, "source": source, "state": state, "score": score, "rests": rests,
+            "rest_until_s": None if rest_in_s is None else NOW_S + rest_in_s}
+
+
+def test_identity_standings_worst_state_first() -> None:
+    standings = identity_standings(
+        identities=[*IDENTITIES, {"identity_id": "gone", "tier": "datacenter", "range": "dc9", "active": False}],
+        leases=[slot("a"), slot("b", expires_in_s=-1.0), slot("c", released=True), slot("d"),
+                slot("e", source="quiet")],
+        health=[health("b", "resting", rest_in_s=120.0, score=3.0, rests=1), health("c", "resting", rest_in_s=-5.0),
+                health("d", "retired", rests=4)],
+        range_rests=[{"range": "dc3", "source": "quiet", "rest_until_s": NOW_S + 30}],
+        failures={("b", "api"): 4},
+        now_s=NOW_S,
+    )
+    by = {(row.identity_id, row.source): row for row in standings}
+    assert by[("a", "api")].state == "leased" and by[("a", "api")].leased_by == "run-1"
+    assert (by[("b", "api")].state, by[("b", "api")].rest_until_s, by[("b", "api")].failures) == (
+        "resting", NOW_S + 120.0, 4)
+    assert by[("b", "api")].leased_by is None  # its lease ran out
+    assert by[("c", "api")].state == "available"  # its rest is over
+    assert by[("d", "api")].state == "retired"  # even while leased
+    assert (by[("e", "quiet")].state, by[("e", "quiet")].rest_until_s) == ("resting", NOW_S + 30)  # its range rests
+    assert "gone" not in {row.identity_id for row in standings}
+    counts = identity_counts(standings, ["api", "quiet"], pool_size=5)
+    assert counts["api"] == {"available": 2, "leased": 1, "resting": 1, "retired": 1}  # e never went to api
+    assert counts["quiet"] == {"available": 4, "leased": 0, "resting": 1, "retired": 0}
+
+
+def test_an_identity_never_leased_is_listed_once_as_available() -> None:
+    (row,) = identity_standings(identities=IDENTITIES[:1], leases=[], health=[], range_rests=[], now_s=NOW_S)
+    assert (row.identity_id, row.source, row.state) == ("a", None, "available")
+
+
+def fetch(store, source, outcome, *, at, status=200, attempt=1, identity_id="direct", latency_ms=20.0):
+    store.record_fetch(FetchEvent(source=source, lead_id="l", identity_id=identity_id, url="https://x.example/",
+                                  method="GET", status=status, outcome=outcome, latency_ms=latency_ms, bytes=1000,
+                                  attempt=attempt, at=at))
+
+
+def test_fleet_figures_read_from_the_store(store: StateStore) -> None:
+    for minutes in (1, 2, 3):
+        fetch(store, "api", Outcome.OK, at=NOW - timedelta(minutes=minutes), identity_id="a")
+    fetch(store, "api", Outcome.THROTTLED, status=429, attempt=2, at=NOW - timedelta(minutes=4), identity_id="a")
+    fetch(store, "api", Outcome.OK, at=NOW - timedelta(hours=2), identity_id="a")  # before the window: today only
+    fetch(store, "quiet", Outcome.OK, at=NOW - timedelta(minutes=1))
+    lead, other = normalize_lead("domain", "a.example"), normalize_lead("domain", "b.example")
+    for item in (lead, other):
+        store.add_lead(item, case_id="case", now=NOW - timedelta(days=1))
+    store.complete_collection(source="api", lead_id=lead.id, outcome="ok", records=7, content_hash="h", path="/p",
+                              run_id="r", now=NOW - timedelta(minutes=2))
+    store.complete_collection(source="quiet", lead_id=lead.id, outcome="empty", records=0, content_hash="h",
+                              path="/p", run_id="r", now=NOW - timedelta(minutes=1))
+    store.enqueue([("api", other.id)], origin="t", priority_class="recurring", now=NOW)
+    store.put_dead_letter(source="quiet", lead_id=other.id, reason_group="transient", last_status=503, attempts=4,
+                          last_error="HTTP 503", now=NOW)
+    with store.engine.begin() as conn:
+        conn.execute(s.identities.insert(), [
+            {"identity_id": i, "range": "dc1", "tier": "datacenter", "tier_rank": 0, "cost_per_request_usd": 0.001,
+             "cost_per_mb_usd": 0.0, "proxy": None, "active": True, "synced_at_s": 0.0} for i in ("a", "b")])
+        conn.execute(s.identity_leases.insert().values(
+            source="api", identity_id="a", lease_id="x", holder="run-9", fencing_token=1, acquired_at_s=NOW_S,
+            expires_at_s=NOW_S + 60, released=False))
+
+    api, quiet = fleet_figures(store, CATALOG, now=NOW, window_s=WINDOW_S, circuits={"quiet": "open"})
+    assert (api.requests, api.retry_rate, api.block_rate, api.records, api.backlog) == (4, 0.25, 0.25, 7, 1)
+    assert (api.monitored, api.fresh, api.identities_leased, api.identities_available) == (1, 1, 1, 1)
+    assert api.spend_today_usd == pytest.approx(5 * 0.011)
+    assert api.spend_window_usd == pytest.approx(4 * 0.011)
+    assert api.health == "ok"  # 1 of 4 throttled: too few requests to call it a rate
+    assert (quiet.empty_rate, quiet.dead_letters, quiet.circuit, quiet.health) == (1.0, 1, "open", "failing")
+    assert quiet.identities_available == 2
+    leased = [row for row in read_identity_standings(store, now=NOW) if row.state == "leased"]
+    assert [(row.identity_id, row.source, row.leased_by) for row in leased] == [("a", "api", "run-9")]
+
+
+def test_captures_kept_for_a_source_count_in_its_cost(store: StateStore, tmp_path) -> None:
+    priced = parse_sources("""
+sources:
+  - name: api
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://api.example/lookup?q={value}"}
+    evidence_usd_per_gb: 0.02
+""")
+    day = tmp_path / "evidence" / "api" / "2026-12-02"
+    day.mkdir(parents=True)
+    (day / "lead-1.warc.gz").write_bytes(b"x" * 2_000_000)
+    (day / "lead-2.warc.gz.tmp").write_bytes(b"x" * 5)  # not yet a capture
+    (figures,) = fleet_figures(store, priced, now=NOW, data_dir=tmp_path)
+    assert figures.evidence_bytes == 2_000_000
+    assert figures.evidence_usd == pytest.approx(2_000_000 / 1e9 * 0.02)
