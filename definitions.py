@@ -6,7 +6,7 @@ import os
 
 from dagster import Definitions, EnvVar, in_process_executor
 
-from assets.fleet import dead_letters, fleet_health, fleet_health_job, fleet_report_job
+from assets.fleet import build_source_health_assets, dead_letters, fleet_health, fleet_health_job, fleet_report_job
 from assets.health import build_source_health_checks, build_source_health_schedule
 from assets.jobs import build_source_job
 from assets.requeue import requeue_dead_letters_job
@@ -45,7 +45,8 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         ui_url = os.environ.get("INVESTIGATIONS_UI_URL") or f"http://127.0.0.1:{settings.ui_port}"
         alerts.append(build_slack_alerts_sensor(catalog, ui_url=ui_url))
     return Definitions(
-        assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters, fleet_health],
+        assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters, fleet_health,
+                *build_source_health_assets(catalog)],
         asset_checks=[build_source_health_checks(catalog)],
         jobs=[*jobs, fleet_report_job, fleet_health_job, requeue_dead_letters_job],
         schedules=[build_source_health_schedule(catalog)],

@@ -1,12 +1,22 @@
 """Fleet-wide assets: what the fleet knows about itself, shown where investigators already look."""
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
-from dagster import AssetKey, AssetSelection, MaterializeResult, MetadataValue, asset, define_asset_job
+from dagster import (
+    AssetKey,
+    AssetsDefinition,
+    AssetSelection,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    define_asset_job,
+)
 
-from investigations.fleet.stats import NUMERIC_FIGURES, fleet_figures
+from investigations.fleet.stats import NUMERIC_FIGURES, SourceFigures, fleet_figures
 from investigations.pacing import Circuits
+from investigations.sources.specs import SourceCatalog
 from resources.fleet import FleetResource
 
 FLEET_GROUP = "fleet"
@@ -48,39 +58,75 @@ def dead_letters(fleet: FleetResource) -> MaterializeResult:
     )
 
 
-def fleet_health_metadata(fleet: FleetResource) -> dict[str, Any]:
-    """Each source's health verdict and fleet figures, as fleet/health's metadata.
+# Dagster's UI plots an asset's numeric metadata over time, but only its first this many keys: one
+# asset for every source's figures stopped drawing at the fifth source (5 x 23 keys).
+UI_PLOTTED_KEYS = 100
+# Fleet-wide sums plotted on fleet/health itself.
+FLEET_SUMS = ("backlog", "in_flight", "requests_per_min", "records_per_min", "dead_letters", "spend_today_usd")
 
-    One numeric entry per source and figure (`robust/records_per_min`, ...), so the UI plots each
-    over time; a figure without a value (a rate with no requests) is left out rather than plotted
-    as 0. The verdicts and their reasons are in `health` (the same as `investigations fleet`)."""
+
+def source_health_key(source: str) -> AssetKey:
+    """The asset that carries one source's verdict and figures: `fleet/sources/<source>`."""
+    return AssetKey(["fleet", "sources", source])
+
+
+def fleet_health_metadata(fleet: FleetResource) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """fleet/health's metadata (every source's verdict and why, the unhealthy ones, fleet-wide sums)
+    and each source's own (`fleet/sources/<source>`: its verdict and one numeric entry per figure).
+
+    Every figure is a numeric entry the UI plots over time, each source's on its own asset so that
+    none falls past the UI's limit whatever the number of sources; a figure without a value (a rate
+    with no requests) is left out rather than plotted as 0. The verdicts are `investigations fleet`'s."""
     store = fleet.store
     circuits = {source: state.state for source, state in Circuits(store).all_states().items()}
-    figures = fleet_figures(store, fleet.catalog, circuits=circuits, data_dir=fleet.settings().data_dir)
-    metadata: dict[str, Any] = {}
+    return health_metadata(fleet_figures(store, fleet.catalog, circuits=circuits, data_dir=fleet.settings().data_dir))
+
+
+def health_metadata(figures: Sequence[SourceFigures]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """`fleet_health_metadata` from the sources' figures."""
+    per_source: dict[str, dict[str, Any]] = {}
     for f in figures:
-        metadata[f"{f.source}/health"] = f.health
+        own: dict[str, Any] = {"health": f.health, "why": f.health_reason or "-"}
         for name in NUMERIC_FIGURES:
             value = getattr(f, name)
             if value is not None:
-                metadata[f"{f.source}/{name}"] = MetadataValue.float(float(value))
+                own[name] = MetadataValue.float(float(value))
+        per_source[f.source] = own
     rows = ["| source | health | why |", "|---|---|---|"]
-    rows += [f"| {f.source} | {f.health} | {f.health_reason or '-'} |" for f in figures]
+    rows += [f"| [{f.source}](/assets/fleet/sources/{f.source}) | {f.health} | {f.health_reason or '-'} |"
+             for f in figures]
     unhealthy = sorted(f.source for f in figures if f.health not in ("ok", "idle"))
-    return {
-        "unhealthy": MetadataValue.json(unhealthy),
-        "health": MetadataValue.md("\n".join(rows)),
-        **metadata,
-    }
+    sums = {f"fleet/{name}": MetadataValue.float(float(sum(getattr(f, name) or 0 for f in figures)))
+            for name in FLEET_SUMS}
+    overview = {"unhealthy": MetadataValue.json(unhealthy), "health": MetadataValue.md("\n".join(rows)), **sums}
+    return overview, per_source
 
 
 @asset(key=HEALTH_KEY, group_name=FLEET_GROUP, kinds={"sql"})
 def fleet_health(fleet: FleetResource) -> MaterializeResult:
-    """Each source's health verdict and fleet figures (`fleet_health_metadata`).
+    """Every source's health verdict and why, the unhealthy ones, and fleet-wide sums; each source's
+    figures are on its own `fleet/sources/<source>` asset.
 
-    The `fleet_health_every_minute` sensor reports these figures once a minute without a run;
+    The `fleet_health_every_minute` sensor reports these once a minute without a run;
     materializing the asset (from the UI, say) refreshes them at once."""
-    return MaterializeResult(metadata=fleet_health_metadata(fleet))
+    overview, _ = fleet_health_metadata(fleet)
+    return MaterializeResult(metadata=overview)
+
+
+def build_source_health_assets(catalog: SourceCatalog) -> list[AssetsDefinition]:
+    """One `fleet/sources/<source>` asset per source: its verdict and every figure, plotted over time."""
+
+    def build(source: str) -> AssetsDefinition:
+        @asset(key=source_health_key(source), group_name=FLEET_GROUP, kinds={"sql"},
+               description=f"{source}'s health verdict and figures, one plot per figure (reported every minute "
+                           "by fleet_health_every_minute; materialize to refresh now).")
+        def source_health(fleet: FleetResource) -> MaterializeResult:
+            _, per_source = fleet_health_metadata(fleet)
+            return MaterializeResult(metadata=per_source.get(source, {"health": "unknown source"}))
+
+        return source_health
+
+    return [build(spec.name) for spec in catalog.sources]
 
 
 fleet_report_job = define_asset_job(
@@ -91,6 +137,6 @@ fleet_report_job = define_asset_job(
 
 fleet_health_job = define_asset_job(
     FLEET_HEALTH_JOB,
-    selection=AssetSelection.assets(HEALTH_KEY),
-    description="Refresh fleet/health: each source's verdict and figures.",
+    selection=AssetSelection.assets(HEALTH_KEY) | AssetSelection.key_prefixes(["fleet", "sources"]),
+    description="Refresh fleet/health and every source's fleet/sources/<source>: verdicts and figures.",
 )

@@ -31,14 +31,13 @@ def test_no_dead_letters_says_so(sandbox_env) -> None:
     assert mat.metadata["total"].value == 0 and mat.metadata["newest"].value == "No dead letters."
 
 
-def test_fleet_health_records_a_numeric_entry_per_source_and_figure(sandbox_env) -> None:
+def test_each_source_s_figures_are_numeric_entries_of_its_own_asset(sandbox_env) -> None:
     from datetime import UTC, datetime
 
     from dagster import AssetKey, DagsterInstance
 
-    from assets.fleet import fleet_health
+    from assets.fleet import build_source_health_assets, fleet_health, source_health_key
     from investigations.collection.events import FetchEvent, Outcome
-    from investigations.fleet.stats import NUMERIC_FIGURES
     from investigations.sources.catalog import load_catalog
 
     settings = Settings.from_env()
@@ -49,17 +48,42 @@ def test_fleet_health_records_a_numeric_entry_per_source_and_figure(sandbox_env)
                                       attempt=1, at=datetime.now(UTC)))
     store.put_dead_letter(source="flaky", lead_id="l1", reason_group="transient", last_status=503, attempts=4,
                           last_error="HTTP 503")
+    catalog = load_catalog(settings.sources_path)
     with DagsterInstance.ephemeral() as instance:
-        assert materialize([fleet_health], resources={"fleet": FleetResource()}, instance=instance).success
-        event = instance.get_latest_materialization_event(AssetKey(["fleet", "health"]))
-    metadata = event.asset_materialization.metadata
-    for spec in load_catalog(settings.sources_path).sources:
+        assets = [fleet_health, *build_source_health_assets(catalog)]
+        assert materialize(assets, resources={"fleet": FleetResource()}, instance=instance).success
+        overview = instance.get_latest_materialization_event(AssetKey(["fleet", "health"])).asset_materialization
+        own = {spec.name: instance.get_latest_materialization_event(source_health_key(spec.name)).asset_materialization
+               for spec in catalog.sources}
+    for spec in catalog.sources:
         for name in ("backlog", "requests_per_min", "records_per_min", "dead_letters", "spend_today_usd"):
-            assert isinstance(metadata[f"{spec.name}/{name}"].value, float), (spec.name, name)
-    assert metadata["robust/requests_per_min"].value == 5 / 15
-    assert metadata["robust/block_rate"].value == 2 / 5 and metadata["robust/latency_p95_ms"].value == 30.0
-    assert "fragile/latency_p95_ms" not in metadata  # no requests, no latency: not plotted as 0
-    assert metadata["flaky/dead_letters"].value == 1.0
-    assert metadata["robust/health"].value == "blocked" and metadata["slow/health"].value == "idle"
-    assert metadata["unhealthy"].value == ["robust"]
-    assert set(NUMERIC_FIGURES) >= {key.split("/", 1)[1] for key in metadata if "/" in key} - {"health"}
+            assert isinstance(own[spec.name].metadata[name].value, float), (spec.name, name)
+    robust = own["robust"].metadata
+    assert robust["requests_per_min"].value == 5 / 15 and robust["health"].value == "blocked"
+    assert robust["block_rate"].value == 2 / 5 and robust["latency_p95_ms"].value == 30.0
+    assert overview.metadata["fleet/requests_per_min"].value == 5 / 15
+    assert "robust" in overview.metadata["unhealthy"].value
+
+
+def test_no_asset_carries_more_numeric_entries_than_the_ui_plots(sandbox_env) -> None:
+    from assets.fleet import UI_PLOTTED_KEYS, health_metadata
+    from investigations.fleet.stats import fleet_figures
+    from investigations.sources.specs import parse_sources
+
+    # Forty sources: five were enough to push one asset's figures past the UI's limit.
+    catalog = parse_sources("sources:\n" + "".join(
+        f"  - {{name: s{i}, adapter: json_api, lead_kinds: [domain], request: {{url: 'https://s{i}.example/{{value}}'}}}}\n"
+        for i in range(40)))
+    store = StateStore.from_url(Settings.from_env().database_url)
+    for i in range(40):
+        store.put_dead_letter(source=f"s{i}", lead_id="l1", reason_group="transient", last_status=503, attempts=4,
+                              last_error="HTTP 503")
+    overview, per_source = health_metadata(fleet_figures(store, catalog, circuits={}))
+
+    def plotted(metadata: dict) -> int:
+        return sum(isinstance(getattr(value, "value", value), int | float) and not isinstance(value, bool)
+                   for value in metadata.values())
+
+    assert len(per_source) == 40
+    assert max(plotted(metadata) for metadata in (overview, *per_source.values())) <= UI_PLOTTED_KEYS
+    assert plotted(per_source["s0"]) >= 5  # the figures are there, as numbers

@@ -8,7 +8,7 @@ import time
 import pytest
 from dagster import AssetCheckKey
 
-from assets.fleet import HEALTH_KEY
+from assets.fleet import HEALTH_KEY, source_health_key
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
 from investigations.demo.case import send_case
 from investigations.intake.leads import normalize_lead
@@ -44,11 +44,15 @@ def test_a_silently_empty_source_fails_its_partition_check_and_slack_hears_once(
     assert len(quiet_alerts()) == 1
 
     def health_says_quiet_is_empty():
-        event = fleet.instance.get_latest_materialization_event(HEALTH_KEY)
+        event = fleet.instance.get_latest_materialization_event(source_health_key("quiet"))
         metadata = event.asset_materialization.metadata if event else {}
-        return event if "quiet/health" in metadata and metadata["quiet/health"].value == "empty" else None
+        return event if "health" in metadata and metadata["health"].value == "empty" else None
 
-    health = wait_for(health_says_quiet_is_empty, timeout_s=HEALTH_INTERVAL_S + 30, what="fleet/health: quiet empty")
+    health = wait_for(health_says_quiet_is_empty, timeout_s=HEALTH_INTERVAL_S + 30,
+                      what="fleet/sources/quiet: empty")
     assert health.run_id == ""  # reported by the fleet_health sensor's tick: no run was started for it
+    assert health.asset_materialization.metadata["empty_rate"].value > 0  # the figure the docs say to watch
+    overview = fleet.instance.get_latest_materialization_event(HEALTH_KEY).asset_materialization
+    assert "quiet" in overview.metadata["unhealthy"].value
     logs = "".join(p.read_text(errors="replace") for p in fleet.logs.glob("*.log"))
     assert SLACK_TOKEN not in logs
