@@ -67,7 +67,9 @@ def build_source_health_checks(catalog: SourceCatalog) -> AssetChecksDefinition:
                 continue
             for judgement, verdict in judge_source(fleet.store, spec, now=now,
                                                    spent_today_usd=spent.get(spec.name, 0.0)).items():
-                if judgement in wanted:
+                # Nothing to judge yet (no canary collected, no lead monitored): no result, so the
+                # check reads as not evaluated, never Passed on no evidence.
+                if judgement in wanted and verdict.judged:
                     yield AssetCheckResult(asset_key=key, check_name=wanted[judgement], passed=verdict.passed,
                                            severity=severity_of(verdict), description=verdict.description,
                                            metadata=verdict_metadata(verdict))

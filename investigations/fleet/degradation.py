@@ -64,6 +64,9 @@ class Verdict:
     description: str
     examples: list[str] = field(default_factory=list)
     details: dict[str, float | int | str | None] = field(default_factory=dict)
+    # False when there is nothing to judge yet (no canary collected, no lead monitored): the check is
+    # not reported at all, so it never reads Passed on no evidence (nor Failed, which would alert).
+    judged: bool = True
 
 
 def answer_verdict(
@@ -188,7 +191,7 @@ def freshness_verdict(monitored: Sequence[tuple[str, datetime | None]], *, caden
         "never_collected_with_records": sum(1 for age, _ in stale if age == float("inf"))}
     examples = [lead for _, lead in stale[:EXAMPLES]]
     if total == 0:
-        return Verdict(True, "warn", share, FRESH_SHARE, "no monitored leads", details=details)
+        return Verdict(True, "warn", share, FRESH_SHARE, "no monitored leads", details=details, judged=False)
     text = f"{total - len(stale)} of {total} monitored leads collected with records within {cadence_s:g} s"
     if share < FRESH_ERROR_SHARE:
         return Verdict(False, "error", share, FRESH_ERROR_SHARE, text, examples, details)
@@ -219,7 +222,10 @@ def canary_verdict(canaries: Sequence[CanaryState], *, expected_min: int) -> Ver
         "canaries": len(canaries), "failing": len(failing), "not_collected_yet": len(waiting)}
     examples = [f"{c.lead}: {'dead letter' if c.dead_letter else c.outcome} ({c.records} records)" for c in failing]
     if not canaries:
-        return Verdict(True, "error", 0, need, "no canary leads configured", details=details)
+        return Verdict(True, "error", 0, need, "no canary leads configured", details=details, judged=False)
+    if waiting and not failing:
+        return Verdict(True, "error", 0, 0, f"{len(waiting)} of {len(canaries)} canaries not collected yet: not "
+                       "judged until they are", details=details, judged=False)
     if failing:
         return Verdict(False, "error", len(failing), 0,
                        f"{len(failing)} of {len(canaries)} canary lead(s) yielded fewer than {need} record(s).",

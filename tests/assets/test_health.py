@@ -61,6 +61,20 @@ def test_a_silently_empty_source_fails_freshness_and_its_canary_while_a_steady_o
     assert _latest(instance, "robust", fresh).passed and _latest(instance, "robust", canaries).passed
 
 
+def test_a_canary_check_with_nothing_collected_yet_is_not_reported_passed(world) -> None:
+    settings, catalog, store, instance = world
+    result = build_definitions(settings).resolve_job_def(SOURCE_HEALTH_JOB).execute_in_process(instance=instance)
+    assert result.success
+    canaries, fresh = SOURCE_CHECK_NAMES["canaries"], SOURCE_CHECK_NAMES["fresh"]
+    keys = [AssetCheckKey(source_asset_key(spec.name), name) for spec in catalog.sources if spec.canaries
+            for name in (canaries, fresh)]
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
+    evaluated = [key for key, record in latest.items() if record.event is not None
+                 and record.event.dagster_event is not None
+                 and record.event.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert keys and evaluated == []  # no canary collected, no lead monitored: nothing reads Passed
+
+
 def test_a_source_job_runs_the_per_lead_check_and_not_the_source_level_ones(world) -> None:
     settings, catalog, _, _ = world
     defs = build_definitions(settings)

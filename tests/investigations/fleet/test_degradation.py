@@ -130,6 +130,25 @@ def test_a_canary_without_records_fails_the_source(canaries, passed) -> None:
         assert verdict.examples
 
 
+@pytest.mark.parametrize(
+    "canaries",
+    [[CanaryState("domain:a", None, 0)], [CanaryState("domain:a", "ok", 3), CanaryState("domain:b", None, 0)], []],
+)
+def test_canaries_not_all_collected_yet_are_not_judged(canaries) -> None:
+    verdict = canary_verdict(canaries, expected_min=1)
+    assert not verdict.judged  # the check is not reported: it never reads Passed on no evidence
+
+
+def test_a_canary_that_failed_is_judged_even_while_another_waits() -> None:
+    verdict = canary_verdict([CanaryState("domain:a", "empty", 0), CanaryState("domain:b", None, 0)], expected_min=1)
+    assert verdict.judged and not verdict.passed
+
+
+def test_no_monitored_lead_is_not_judged_fresh() -> None:
+    assert not freshness_verdict([], cadence_s=3600, now=NOW).judged
+
+
+
 @pytest.fixture
 def store(sandbox_env):
     made = StateStore.from_url(f"sqlite:///{sandbox_env / 'state.db'}")
