@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from investigations.config import ConfigError, Settings
-from investigations.intake.leads import Lead, LeadError, lead_id_of, normalize_lead
+from investigations.intake.leads import LEAD_KINDS, Lead, LeadError, normalize_lead
 from investigations.sources.specs import SpecError
+
+if TYPE_CHECKING:  # rich is imported lazily to keep `--help` fast
+    from rich.console import Console
+    from rich.table import Table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,8 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _check_filters(args: argparse.Namespace) -> None:
-    """Every `--source`, `--reason` and `--lead` names something that exists (KeyError, naming the
-    valid choices, if not); a `--lead` given as kind:value becomes its id."""
+    """Every `--source`, `--reason` and `--lead` names something that exists (KeyError naming the
+    valid choices, or LeadError, if not); a `--lead` given as kind:value becomes its id."""
     if getattr(args, "source", None) is not None:
         from investigations.sources.catalog import load_catalog
 
@@ -46,7 +52,33 @@ def _check_filters(args: argparse.Namespace) -> None:
             raise KeyError(f"unknown reason {reason!r} (known: {', '.join(DEAD_LETTER_REASONS)})")
     lead = getattr(args, "lead", None)
     if lead is not None:
-        args.lead = lead_id_of(lead)
+        args.lead = _known_lead_id(lead)
+
+
+_LEAD_ID = re.compile(rf"(?:{'|'.join(LEAD_KINDS)})-[0-9a-f]{{16}}")
+_LEAD_FORMS = ("kind:value (e.g. domain:example.com; kinds: " + ", ".join(LEAD_KINDS) + ") or a lead id "
+               "as `investigations leads list` shows it (e.g. domain-0123456789abcdef)")
+
+
+def _known_lead_id(text: str) -> str:
+    """The id of the lead a `--lead` names, given as kind:value or as its id. LeadError saying the
+    expected form when `text` is neither, or how to list the leads when the state store has no such lead."""
+    kind, colon, value = text.partition(":")
+    if colon:
+        if kind not in LEAD_KINDS:
+            raise LeadError(f"--lead {text!r}: unknown lead kind {kind!r}; --lead takes {_LEAD_FORMS}")
+        try:
+            lead_id = normalize_lead(kind, value).id
+        except LeadError as exc:
+            raise LeadError(f"--lead {text!r}: {exc}; --lead takes {_LEAD_FORMS}") from None
+    elif _LEAD_ID.fullmatch(text):
+        lead_id = text
+    else:
+        raise LeadError(f"--lead {text!r} is not a lead; --lead takes {_LEAD_FORMS}")
+    if _store(Settings.from_env()).get_lead(lead_id) is None:
+        named = text if text == lead_id else f"{text} ({lead_id})"
+        raise LeadError(f"no lead {named} in the state store; `investigations leads list` lists the leads it has")
+    return lead_id
 
 
 def _above_zero(kind: type) -> Any:
@@ -135,22 +167,25 @@ def build_parser() -> argparse.ArgumentParser:
     records.add_argument("--contains", help="only records whose fields contain this text")
     records.add_argument("--limit", type=_above_zero(int), default=50)
     records.add_argument("--captures", action="store_true",
-                         help="show each record's capture: WARC record id, file@offset, payload sha256, identity")
+                         help="show each record's capture: WARC record id, file@offset, payload sha256 (hex; the WARC-Payload-Digest is the same hash in base32), identity")
     records.add_argument("--json", action="store_true")
     records.set_defaults(func=_records)
 
-    export = sub.add_parser("export", help="write a case's records, the WARC captures they point at and a "
-                                           "datapackage.json manifest into a new folder")
+    export = sub.add_parser("export", help="write a case's records, the WARC captures they and its empty answers "
+                                           "point at, sources.json (source specs, secrets masked), "
+                                           "empty_answers.csv and a datapackage.json manifest into a new folder")
     export.add_argument("--case", required=True, help="the case id")
     export.add_argument("folder", type=Path, help="where to write the package (new or empty)")
     export.set_defaults(func=_export)
 
     verify = sub.add_parser("verify", help="check an exported package: every file against the manifest, every "
-                                           "record's payload against its WARC record (exit 1 on any mismatch)")
+                                           "record read again from its WARC capture with its source's adapter, "
+                                           "every empty answer's capture (exit 1 on any mismatch)")
     verify.add_argument("folder", type=Path)
     verify.set_defaults(func=_verify)
 
     fleet = sub.add_parser("fleet", help="per source: health, throughput, error rates, freshness, identities, spend")
+    fleet.add_argument("--source", help="only this source")
     fleet.add_argument("--hours", type=_above_zero(float), default=24.0, help="requests and outcomes over this many hours")
     fleet.add_argument("--window-min", type=float, default=None,
                        help="rates, latency and throughput over this many minutes (default 15)")
@@ -195,16 +230,37 @@ def _intake(args: argparse.Namespace) -> int:
 
 
 def _demo_case(args: argparse.Namespace) -> int:
-    from investigations.demo.case import DEMO_CASE_ID, demo_body, send_case
+    import httpx
+
+    from investigations.demo.case import DEMO_CASE_ID, demo_body, demo_webhook_id, send_case
     from investigations.demo.fleet import DEMO_WEBHOOK_SECRET
 
     settings = Settings.from_env()
     # `make run` starts its intake with the demo secret unless one is set: sign with the same.
     secret = settings.webhook_secret or DEMO_WEBHOOK_SECRET
     url = args.intake_url or f"http://127.0.0.1:{settings.intake_port}"
-    answer = send_case(url, secret, demo_body(args.case_id or DEMO_CASE_ID))
-    print(f"HTTP {answer.status_code}: {answer.text}")
-    return 0 if answer.is_success else 1
+    case_id = args.case_id or DEMO_CASE_ID
+    # The same webhook id every time: sending the case again is a redelivery, and queues nothing new.
+    webhook_id = demo_webhook_id(case_id)
+    try:
+        answer = send_case(url, secret, demo_body(case_id), webhook_id=webhook_id)
+    except (httpx.UnsupportedProtocol, httpx.InvalidURL):
+        print(f"investigations: --intake-url {url!r} is not an http:// or https:// address", file=sys.stderr)
+        return 2
+    except httpx.TransportError:
+        print(f"investigations: the intake at {url} is not answering (start it with `make run` or "
+              "`investigations intake`)", file=sys.stderr)
+        return 1
+    if answer.status_code != 202:
+        print(f"investigations: the intake at {url} refused the demo case: HTTP {answer.status_code}: {answer.text}",
+              file=sys.stderr)
+        return 1
+    delivered = answer.json()
+    print(f"the intake at {url} took the demo case {case_id} (webhook {webhook_id}): "
+          f"{len(delivered['accepted'])} new lead(s)"
+          + (f"; {len(delivered['duplicates'])} already delivered by this webhook, not queued again"
+             if delivered["duplicates"] else ""))
+    return 0
 
 
 def _printed_plainly(args: argparse.Namespace, rows: Sequence[Any], *, none: str) -> bool:
@@ -235,7 +291,7 @@ def _leads_list(args: argparse.Namespace) -> int:
             found = coll["records"] and coll["outcome"] == "ok" and coll["last_success_at"]
             table.add_row(*head, source, coll["outcome"], str(coll["records"]),
                           coll["last_success_at"].isoformat(timespec="seconds") if found else "never")
-    _console().print(table)
+    _print_table(table, whole=("lead", "kind", "source"))
     return 0
 
 
@@ -282,7 +338,7 @@ def _cases_list(args: argparse.Namespace) -> int:
     table = _table("case", "status", "leads", "since")
     for case in cases:
         table.add_row(case["case_id"], case["status"], str(case["leads"]), case["created_at"].isoformat(timespec="seconds"))
-    _console().print(table)
+    _print_table(table, whole=("status",))
     return 0
 
 
@@ -323,7 +379,7 @@ def _dlq_list(args: argparse.Namespace) -> int:
         table.add_row(letter.source, letter.lead_id, letter.reason_group, str(letter.last_status or "-"),
                       str(letter.attempts), letter.last_seen.isoformat(timespec="seconds"),
                       "yes" if (letter.source, letter.lead_id) in requeued else "", letter.last_error or "")
-    _console().print(table)
+    _print_table(table, whole=("source", "lead", "reason"))
     return 0
 
 
@@ -352,23 +408,22 @@ def _records(args: argparse.Namespace) -> int:
         return 0
     if args.captures:
         # The file names the lead; the digest is cut to its first 16 hex digits (whole in --json).
-        table = _table("source", "record", "fetched", "capture", "warc file@offset", "payload sha256",
+        table = _table("source", "record", "fetched", "capture", "warc file@offset", "payload sha256 (first 16)",
                        "identity", "parser")
-        for name in ("capture", "warc file@offset"):  # copied whole to look a capture up: never folded
-            next(c for c in table.columns if c.header == name).no_wrap = True
         for row in rows:
             where = f"{row['warc_file']}@{row['warc_offset']}" if row["warc_file"] else "-"
-            digest = row["payload_sha256"][:16] if row["payload_sha256"] else "-"
+            digest = f"sha256:{row['payload_sha256'][:16]}" if row["payload_sha256"] else "-"
             table.add_row(row["source"], row["record_key"], f"{row['fetched_at']:%Y-%m-%d %H:%M}",
                           row["capture_id"] or "-", where, digest, row["identity_id"] or "-",
                           row["parser_version"] or "-")
-        _console().print(table, markup=False, highlight=False)
+        # Copied whole to look a capture up: folded only when the console is too narrow for them.
+        _print_table(table, whole=("source", "capture", "warc file@offset"))
         return 0
     table = _table("source", "lead", "record", "fetched", "fields")
     for row in rows:
         table.add_row(row["source"], row["lead_id"], row["record_key"], f"{row['fetched_at']:%Y-%m-%d %H:%M}",
                       row["fields"])
-    _console().print(table)
+    _print_table(table, whole=("source", "lead"))
     return 0
 
 
@@ -382,7 +437,8 @@ def _export(args: argparse.Namespace) -> int:
         print(f"investigations: {exc}", file=sys.stderr)
         return 2
     print(f"exported case {args.case}: {done.leads} lead(s), {done.records} record(s) in {done.record_files} "
-          f"file(s), {done.warc_files} WARC file(s), {done.bytes} bytes; manifest {done.folder / MANIFEST}")
+          f"file(s), {done.warc_files} WARC file(s), {done.empty_answers} empty answer(s), {done.sources} source "
+          f"spec(s), {done.bytes} bytes; manifest {done.folder / MANIFEST}")
     return 0
 
 
@@ -390,13 +446,19 @@ def _verify(args: argparse.Namespace) -> int:
     from investigations.evidence.casepackage import verify_package
 
     result = verify_package(args.folder)
+    for note in result.not_rechecked:
+        print(f"NOT RE-CHECKED {note}", file=sys.stderr)
     if not result.ok:
         for problem in result.problems:
             print(f"MISMATCH {problem}", file=sys.stderr)
         print(f"investigations: {args.folder} FAILED verification: {len(result.problems)} problem(s) in "
-              f"{result.files} file(s), {result.records} record(s)", file=sys.stderr)
+              f"{result.files} file(s), {result.records} record(s), {result.empty_answers} empty answer(s)",
+              file=sys.stderr)
         return 1
-    print(f"verified {result.files} file(s) and {result.records} record(s) against their WARC captures: all match")
+    told = (f"verified {result.files} file(s): {result.rechecked} of {result.records} record(s) read again from "
+            f"their WARC captures and matching, {result.empty_answers} empty answer(s) empty in their captures")
+    print(told + (": all match" if not result.not_rechecked
+                  else f"; {len(result.not_rechecked)} not re-checked (listed above)"))
     return 0
 
 
@@ -463,65 +525,153 @@ def _fleet_rows(settings: Settings, *, hours: float, window_s: float) -> list[di
     return rows
 
 
+# The fleet table's columns after `source`: what each source is doing, then what it holds and costs.
+# A console too narrow for the whole table gets the two halves as two tables, each led by the source.
+_FLEET_DOING = ("health", "backlog", "in flight", "req/min", "rec/min", "retry", "fail", "429/block", "empty",
+                "p50/p95 ms")
+_FLEET_HOLDING = ("fresh", "stalest", "ids a/l/r/x", "dead", "spend/budget $", "rec/$", "circuit", "rate/s",
+                  "requests")
+_FLEET_LEFT = ("source", "health", "circuit")  # words; the other columns hold figures, right-justified
+
+
 def _print_fleet(args: argparse.Namespace) -> None:
     rows = _fleet_rows(Settings.from_env(), hours=args.hours, window_s=args.window_min * 60)
+    if args.source is not None:
+        rows = [row for row in rows if row["source"] == args.source]
     if args.json:
         print(json.dumps(rows, default=str, indent=None if args.watch else 2), flush=True)
         return
-    from rich.table import Table
-
-    table = Table(title=f"fleet: rates over {args.window_min:g} min, requests over {args.hours:g} h",
-                  title_justify="left", box=None, header_style="bold")
-    for name, justify in (("source", "left"), ("health", "left"), ("backlog", "right"), ("in flight", "right"),
-                          ("req/min", "right"), ("rec/min", "right"), ("retry", "right"), ("fail", "right"),
-                          ("429/block", "right"), ("empty", "right"), ("p50/p95 ms", "right"), ("fresh", "right"),
-                          ("stalest", "right"), ("ids a/l/r/x", "right"), ("dead", "right"), ("spend/budget $", "right"),
-                          ("rec/$", "right"), ("circuit", "left"), ("rate/s", "right"), ("requests", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for row in rows:
-        table.add_row(
-            row["source"], f"[{_HEALTH_STYLE.get(row['health'], 'red')}]{row['health']}[/]",
-            str(row["backlog"]), str(row["in_flight"]), f"{row['requests_per_min']:.1f}", f"{row['records_per_min']:.1f}",
-            _pct(row["retry_rate"]), _pct(row["failure_rate"]), _pct(row["block_rate"]), _pct(row["empty_rate"]),
-            f"{_num(row['latency_p50_ms'])}/{_num(row['latency_p95_ms'])}",
-            "-" if row["fresh_share"] is None else f"{row['fresh']}/{row['monitored']}",
-            _age(row["stalest_age_s"]),
-            _identity_counts(row),
-            str(row["dead_letters"]),
-            f"{row['spend_today_usd']:.2f}/" + (f"{row['daily_budget_usd']:g}" if row["daily_budget_usd"] else "-"),
-            _num(row["records_per_usd"]), row["circuit"],
-            f"{row['rate_per_s']:g}/{row['configured_rate_per_s']:g}"
-            + ("" if row["ceiling_rate_per_s"] is None else f" (ceiling {row['ceiling_rate_per_s']:g})"),
-            str(row["requests"]),
-        )
     console = _console()
-    console.print(table)
+    cells = [_fleet_cells(row) for row in rows]
+    title = f"fleet: rates over {args.window_min:g} min, requests over {args.hours:g} h"
+    table = _fleet_table(title, ("source", *_FLEET_DOING, *_FLEET_HOLDING), cells)
+    if _fit_columns(table, console.width, whole=_FLEET_LEFT, squeeze=False):
+        console.print(table, markup=False, highlight=False)
+    else:
+        _print_table(_fleet_table(title, ("source", *_FLEET_DOING), cells), whole=_FLEET_LEFT, console=console)
+        _print_table(_fleet_table(None, ("source", *_FLEET_HOLDING), cells), whole=_FLEET_LEFT, console=console)
     for row in rows:
         if row["health_reason"] and row["health"] != "idle":
-            console.print(f"  {row['source']}: {row['health']}: {row['health_reason']}", highlight=False)
+            console.print(f"  {row['source']}: {row['health']}: {row['health_reason']}", highlight=False,
+                          markup=False)
     for row in rows:
         for reason, count in sorted(row["parked"].items(), key=lambda item: -item[1]):
             console.print(f"  {row['source']}: {count} parked: {reason}", highlight=False, markup=False)
 
 
-_HEALTH_STYLE = {"ok": "green", "idle": "dim", "stale": "yellow", "stalled": "yellow", "over_budget": "yellow"}
+def _fleet_cells(row: dict[str, Any]) -> dict[str, Any]:
+    """One source's figures as the fleet table shows them, by column."""
+    from rich.text import Text
+
+    return {
+        "source": row["source"], "health": Text(row["health"], style=_HEALTH_STYLE.get(row["health"], "red")),
+        "backlog": str(row["backlog"]), "in flight": str(row["in_flight"]),
+        "req/min": f"{row['requests_per_min']:.1f}", "rec/min": f"{row['records_per_min']:.1f}",
+        "retry": _pct(row["retry_rate"]), "fail": _pct(row["failure_rate"]), "429/block": _pct(row["block_rate"]),
+        "empty": _pct(row["empty_rate"]), "p50/p95 ms": f"{_num(row['latency_p50_ms'])}/{_num(row['latency_p95_ms'])}",
+        "fresh": "-" if row["fresh_share"] is None else f"{row['fresh']}/{row['monitored']}",
+        "stalest": _age(row["stalest_age_s"]), "ids a/l/r/x": _identity_counts(row), "dead": str(row["dead_letters"]),
+        "spend/budget $": f"{row['spend_today_usd']:.2f}/"
+                          + (f"{row['daily_budget_usd']:g}" if row["daily_budget_usd"] else "-"),
+        "rec/$": _num(row["records_per_usd"]), "circuit": row["circuit"],
+        "rate/s": f"{row['rate_per_s']:g}/{row['configured_rate_per_s']:g}"
+                  + ("" if row["ceiling_rate_per_s"] is None else f" (ceiling {row['ceiling_rate_per_s']:g})"),
+        "requests": str(row["requests"]),
+    }
 
 
-def _table(*columns: str):  # noqa: ANN202 - rich is imported lazily to keep `--help` fast
-    """A table whose long values wrap within their column instead of being cut."""
-    from rich.table import Table
-
-    table = Table(*columns, header_style="bold", show_edge=False)
-    for column in table.columns:
-        column.overflow = "fold"
+def _fleet_table(title: str | None, columns: Sequence[str], cells: Sequence[dict[str, Any]]) -> Table:
+    table = _table(*columns, title=title, right=[name for name in columns if name not in _FLEET_LEFT], rules=False)
+    for row in cells:
+        table.add_row(*(row[name] for name in columns))
     return table
 
 
-def _console():  # noqa: ANN202 - rich is imported lazily to keep `--help` fast
+_HEALTH_STYLE = {"ok": "green", "idle": "dim", "stale": "yellow", "stalled": "yellow", "over_budget": "yellow"}
+
+
+def _table(*columns: str, title: str | None = None, right: Collection[str] = (), rules: bool = True) -> Table:
+    """A table whose long values fold within their column instead of being cut: every value is shown
+    whole, over several lines when the console is narrow. Print it with `_print_table`. `right`: the
+    columns justified right; without `rules`, columns are set apart by spaces alone (for tables of
+    many short figures)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", header_style="bold", show_edge=False,
+                  box=box.HEAVY_HEAD if rules else None)
+    for name in columns:
+        table.add_column(name, justify="right" if name in right else "left", overflow="fold")
+    return table
+
+
+def _print_table(table: Table, *, whole: Collection[str] = (), console: Console | None = None) -> None:
+    """Print `table` within the console's width (see `_fit_columns`), its values as they are: a `[`
+    in a value is text, never a style."""
+    console = console or _console()
+    _fit_columns(table, console.width, whole=whole)
+    console.print(table, markup=False, highlight=False)
+
+
+def _fit_columns(table: Table, width: int, *, whole: Collection[str] = (), squeeze: bool = True) -> bool:
+    """Give each column of `table` its width, so that the table is at most `width` characters wide.
+
+    Each column starts as wide as its longest line. While the table is too wide, the widest column gives
+    way, down to its header's longest word (a `whole` column, one of names or ids: down to its longest
+    value), so the widest values fold first and short ones stay on one line. If that is not enough, the
+    `whole` columns give way too, down to their header's longest word, and then every column, down to one
+    character; without `squeeze` the table is left as it was and the answer is False.
+    """
+    columns = table.columns
+    # A space on each side of every cell; with rules, one between cells (and one at each edge, if shown).
+    room = width - 2 * len(columns) - (len(columns) - 1 + 2 * table.show_edge if table.box else 0)
+    longest = [max(_text_width(cell) for cell in (column.header, *column.cells)) for column in columns]
+    words = [min(length, _longest_word(column.header)) for length, column in zip(longest, columns, strict=True)]
+    kept = [length if column.header in whole else word
+            for length, word, column in zip(longest, words, columns, strict=True)]
+    widths = _narrowed(longest, kept, room)
+    if sum(widths) > room:
+        if not squeeze:
+            return False
+        widths = _narrowed(_narrowed(widths, words, room), [1] * len(columns), room)
+    for column, column_width in zip(columns, widths, strict=True):
+        column.width = column_width
+    return True
+
+
+def _narrowed(widths: Sequence[int], floors: Sequence[int], room: int) -> list[int]:
+    """`widths`, the widest above its floor narrowed one character at a time until they sum to `room`
+    or every one is at its floor."""
+    widths = list(widths)
+    while sum(widths) > room:
+        above = [n for n, (have, floor) in enumerate(zip(widths, floors, strict=True)) if have > floor]
+        if not above:
+            break
+        widths[max(above, key=lambda n: widths[n])] -= 1
+    return widths
+
+
+def _text_width(cell: Any) -> int:
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    text = cell.plain if isinstance(cell, Text) else str(cell)
+    return max([1, *(cell_len(line) for line in text.splitlines())])
+
+
+def _longest_word(header: Any) -> int:
+    from rich.cells import cell_len
+
+    return max([1, *(cell_len(word) for word in str(header).split())])
+
+
+def _console() -> Console:
     from rich.console import Console
 
-    # Piped output is not wrapped at 80 columns: a script reading the table gets whole rows.
-    return Console(width=None if sys.stdout.isatty() else 240)
+    # Piped output is 240 columns wide, not 80, unless COLUMNS says otherwise: a script reading a
+    # table gets whole rows.
+    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()
+    return Console(width=240 if piped else None)
 
 
 def _identity_counts(row: dict[str, Any]) -> str:
@@ -557,12 +707,8 @@ def _identities(args: argparse.Namespace) -> int:
                         none="no identities registered (the pool registers the identities file at its first "
                              "lease); without INVESTIGATIONS_IDENTITIES requests go out directly as `direct`"):
         return 0
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for name in ("identity", "tier", "range", "source", "state", "leased by", "rest until", "score", "rests",
-                 "failures 24h"):
-        table.add_column(name)
+    table = _table("identity", "tier", "range", "source", "state", "leased by", "rest until", "score", "rests",
+                   "failures 24h", rules=False)
     for row in rows:
         rest = "-"
         if row.rest_until_s is not None:
@@ -570,5 +716,5 @@ def _identities(args: argparse.Namespace) -> int:
             rest = f"{until.isoformat(timespec='seconds')} (in {_age(row.rest_until_s - now.timestamp())})"
         table.add_row(row.identity_id, row.tier, row.range, row.source or "-", row.state, row.leased_by or "-", rest,
                       f"{row.score:g}", str(row.rests), str(row.failures))
-    _console().print(table, markup=False, highlight=False)
+    _print_table(table, whole=("identity", "source", "state"))
     return 0

@@ -1,2 +1,3 @@
-"""`make run`'s demo fleet (`fleet`: sandbox web, intake, Dagster) and the demo case it sends (`case`).
+"""`make run`'s demo fleet (`fleet`: sandbox web, intake, Dagster), the demo case it sends (`case`) and
+its local stand-in for Slack (`slack`).
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 
@@ -28,9 +29,18 @@ def demo_body(case_id: str = DEMO_CASE_ID) -> dict[str, object]:
     return {"case_id": case_id, "leads": DEMO_LEADS, "priority": "interactive"}
 
 
+def demo_webhook_id(case_id: str = DEMO_CASE_ID) -> str:
+    """The webhook id the demo case is sent with: always the same for the same case and leads, so that
+    sending it again is a redelivery, which the intake stores once (a fresh id would be a new delivery
+    and queue every collection again)."""
+    digest = hashlib.sha256(json.dumps(demo_body(case_id), sort_keys=True).encode()).hexdigest()
+    return f"msg_demo_{digest[:24]}"
+
+
 def send_case(intake_url: str, secret: str, body: dict[str, object], *, webhook_id: str | None = None,
               timeout_s: float = 10.0) -> httpx.Response:
-    """POST a signed case to the intake, as the case system would."""
+    """POST a signed case to the intake, as the case system would. Without `webhook_id` the delivery
+    gets a fresh id, so the intake takes it as a new one; a redelivery must pass the id it was sent with."""
     raw = json.dumps(body).encode()
     headers = sign_headers(secret, raw, webhook_id=webhook_id or f"msg_{uuid.uuid4().hex}")
     headers["content-type"] = "application/json"

@@ -1,7 +1,9 @@
 """`make run`: the whole demo fleet on one machine, stopped as one by Ctrl-C.
 
 Starts the sandbox web, the webhook intake and `dagster dev` (UI, daemon, code server), each in
-its own process group so a stop reaches every child, then sends the signed demo case.
+its own process group so a stop reaches every child, then sends the signed demo case. Without a
+Slack token of the user's, a local stand-in for Slack's Web API (`investigations/demo/slack.py`)
+receives the alerts and prints each one here.
 """
 
 from __future__ import annotations
@@ -18,11 +20,20 @@ from pathlib import Path
 import httpx
 
 from investigations.config import Settings
-from investigations.demo.case import demo_body, send_case
+from investigations.demo.case import demo_body, demo_webhook_id, send_case
+from investigations.demo.slack import SlackStandIn
 
 # A fixed secret only for the embedded demo; a real deployment sets INVESTIGATIONS_WEBHOOK_SECRET.
 DEMO_WEBHOOK_SECRET = "whsec_ZGVtby1vbmx5LWludmVzdGlnYXRpb25zLXdlYmhvb2stc2VjcmV0"
 STOP_GRACE_S = 10.0
+
+# Without a Slack token of the user's, the alert sensor posts to a local stand-in for Slack's Web
+# API, with this token (fake: the stand-in is the only thing that accepts it), on this port (another,
+# free one if it is taken: the fleet is told the stand-in's URL either way).
+SLACK_TOKEN_ENV = "INVESTIGATIONS_SLACK_TOKEN"
+DEMO_SLACK_TOKEN = "xoxb-demo-local"
+DEMO_SLACK_CHANNEL = "#investigations"
+DEMO_SLACK_PORT = 8900
 
 
 # Dagster settings that only exist as environment variables. A batch run covers a partition range
@@ -32,8 +43,15 @@ STOP_GRACE_S = 10.0
 DAGSTER_ENV = {"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1"}
 
 
-def fleet_env(project_root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of every fleet process: the caller's `INVESTIGATIONS_*` win, defaults fill in."""
+def fleet_env(project_root: Path, base: Mapping[str, str] | None = None, *,
+              slack_api_url: str | None = None) -> dict[str, str]:
+    """The environment of every fleet process: the caller's `INVESTIGATIONS_*` win, defaults fill in.
+
+    With `slack_api_url` (a local stand-in's) and no Slack token of the caller's, the alert sensor
+    is pointed at the stand-in: the demo token, the stand-in as the API (whatever
+    `INVESTIGATIONS_SLACK_API_URL` said: the demo token goes nowhere else) and `#investigations`
+    unless a channel is set. A caller's token leaves all three Slack settings as they are.
+    """
     env = dict(os.environ if base is None else base)
     env.setdefault("INVESTIGATIONS_DATA_DIR", str(project_root / ".investigations"))
     env.setdefault("INVESTIGATIONS_SOURCES", str(project_root / "sources.yaml"))
@@ -42,7 +60,34 @@ def fleet_env(project_root: Path, base: Mapping[str, str] | None = None) -> dict
     env.update(DAGSTER_ENV)
     settings = Settings.from_env(env)
     env.setdefault("INVESTIGATIONS_SANDBOX_URL", f"http://127.0.0.1:{settings.sandbox_port}")
+    if slack_api_url and not uses_real_slack(env):
+        env[SLACK_TOKEN_ENV] = DEMO_SLACK_TOKEN
+        env["INVESTIGATIONS_SLACK_API_URL"] = slack_api_url
+        env["INVESTIGATIONS_SLACK_CHANNEL"] = env.get("INVESTIGATIONS_SLACK_CHANNEL") or DEMO_SLACK_CHANNEL
     return env
+
+
+def uses_real_slack(env: Mapping[str, str]) -> bool:
+    """The user set a Slack token: alerts go to Slack itself and no stand-in is started."""
+    return bool(env.get(SLACK_TOKEN_ENV))
+
+
+def start_slack_stand_in(port: int = DEMO_SLACK_PORT) -> SlackStandIn:
+    """The local Slack stand-in on `port` on loopback, or on a free port if `port` is taken."""
+    try:
+        return SlackStandIn("127.0.0.1", port, token=DEMO_SLACK_TOKEN)
+    except OSError:
+        return SlackStandIn("127.0.0.1", 0, token=DEMO_SLACK_TOKEN)
+
+
+def slack_destination(env: Mapping[str, str], stand_in: SlackStandIn | None) -> str:
+    """Where the fleet's alerts go, for the console (never the token)."""
+    channel = env.get("INVESTIGATIONS_SLACK_CHANNEL") or DEMO_SLACK_CHANNEL
+    if stand_in is not None:
+        return f"{stand_in.base_url}  (local Slack stand-in, {channel}; each alert is also printed here)"
+    if uses_real_slack(env):
+        return f"Slack (real token set), {channel}"
+    return "nowhere (no Slack token)"
 
 
 def prepare_dagster_home(project_root: Path, dagster_home: Path) -> None:
@@ -98,7 +143,18 @@ def wait_http(url: str, *, timeout_s: float, procs: list[subprocess.Popen[bytes]
 
 
 def run_demo_fleet(project_root: Path, *, send_demo: bool = True) -> int:
-    env = fleet_env(project_root)
+    slack = None if uses_real_slack(os.environ) else start_slack_stand_in()
+    try:
+        env = fleet_env(project_root, slack_api_url=slack.api_url if slack else None)
+        alerts_to = slack_destination(env, slack)
+        print(f"Slack alerts go to {alerts_to}", flush=True)
+        return _run_processes(project_root, env, alerts_to, send_demo=send_demo)
+    finally:
+        if slack is not None:
+            slack.close()
+
+
+def _run_processes(project_root: Path, env: dict[str, str], alerts_to: str, *, send_demo: bool) -> int:
     settings = Settings.from_env(env)
     dagster_home = Path(env["DAGSTER_HOME"])
     prepare_dagster_home(project_root, dagster_home)
@@ -125,12 +181,14 @@ def run_demo_fleet(project_root: Path, *, send_demo: bool = True) -> int:
         wait_http(f"{ui_url}/server_info", timeout_s=120, procs=procs)
         if send_demo:
             # The first of the listed secrets signs (several are listed during a rotation).
-            answer = send_case(intake_url, settings.webhook_secrets[0], demo_body())
+            # The same webhook id at every start: the intake stores the demo case once.
+            answer = send_case(intake_url, settings.webhook_secrets[0], demo_body(), webhook_id=demo_webhook_id())
             print(f"demo case sent to the intake: HTTP {answer.status_code} {answer.text[:200]}", flush=True)
         print(
             f"\nThe fleet is up.\n  Dagster UI   {ui_url}  (Runs, Assets > sources)\n"
             f"  intake       {intake_url}/v1/leads  (fleet figures: {intake_url}/metrics, `investigations fleet`)\n"
             f"  sandbox web  {sandbox_url}/_control\n"
+            f"  Slack alerts {alerts_to}\n"
             f"  records      {settings.records_dir}\nCtrl-C stops everything.\n",
             flush=True,
         )

@@ -228,6 +228,7 @@ def test_identities_without_a_pool_says_requests_go_out_directly(state, capsys) 
         (["identities", "--source", "nosuch"], "unknown source 'nosuch'"),
         (["backfill", "--source", "nosuch"], "unknown source 'nosuch'"),
         (["records", "--lead", "domain:not a domain"], "not a domain"),
+        (["fleet", "--source", "nosuch"], "unknown source 'nosuch' (known: robust, fragile, flaky, quiet, slow)"),
     ],
 )
 def test_a_filter_naming_nothing_is_an_error_with_the_valid_choices(state, capsys, argv, says) -> None:
@@ -247,6 +248,7 @@ def test_a_number_that_must_be_positive_is_refused_by_the_parser(state, capsys, 
 
 def test_a_dead_letter_is_requeued_by_its_lead_given_as_kind_and_value(state, capsys, tmp_path) -> None:
     lead = normalize_lead("domain", "example.com")
+    state.add_lead(lead, case_id="case-1")
     state.put_dead_letter(source="robust", lead_id=lead.id, reason_group="blocked", last_status=403, attempts=2,
                           last_error="HTTP 403")
     assert main(["dlq", "requeue", "--lead", "domain:Example.COM"]) == 0
@@ -289,3 +291,48 @@ def test_leads_add_from_a_file_names_bad_lines_and_registers_nothing(state, tmp_
 def test_leads_add_takes_a_lead_or_a_file_not_both(state, tmp_path, capsys) -> None:
     assert main(["leads", "add", "domain", "c.example", "--file", str(tmp_path / "x"), "--case", "c"]) == 2
     assert main(["leads", "add", "--case", "c"]) == 2
+
+
+def test_fleet_with_a_source_shows_that_source_alone(state, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(SOURCES))
+    assert main(["fleet", "--source", "fragile", "--json"]) == 0
+    assert [row["source"] for row in json.loads(capsys.readouterr().out)] == ["fragile"]
+    assert main(["fleet", "--source", "fragile"]) == 0
+    out = capsys.readouterr().out
+    assert "fragile" in out and not {"robust", "flaky", "quiet", "slow"} & set(out.split())
+
+
+LEAD_COMMANDS = [["records"], ["dlq", "requeue"]]
+
+
+@pytest.mark.parametrize("command", LEAD_COMMANDS)
+@pytest.mark.parametrize(("lead", "says"), [
+    ("garbage", "--lead 'garbage' is not a lead"),
+    ("foo:bar", "unknown lead kind 'foo'"),
+    ("domain:not a domain", "'not a domain' is not a valid domain name"),
+    ("domain:", "domain lead is empty"),
+])
+def test_a_malformed_lead_is_an_error_that_shows_the_expected_form(state, capsys, command, lead, says) -> None:
+    assert main([*command, "--lead", lead]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("investigations: ") and says in err
+    assert "kind:value (e.g. domain:example.com;" in err and "investigations leads list" in err
+    assert state.queue_depths() == {}
+
+
+@pytest.mark.parametrize("command", LEAD_COMMANDS)
+@pytest.mark.parametrize("lead", ["domain:nosuch.example", normalize_lead("domain", "nosuch.example").id])
+def test_a_lead_the_state_store_does_not_have_is_an_error_that_says_how_to_list_leads(
+        state, capsys, command, lead) -> None:
+    state.add_lead(normalize_lead("domain", "example.com"), case_id="case-1")
+    assert main([*command, "--lead", lead]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"investigations: no lead {lead}") and "`investigations leads list` lists the leads" in err
+    assert state.queue_depths() == {}
+
+
+@pytest.mark.parametrize("lead", ["domain:Example.COM.", normalize_lead("domain", "example.com").id])
+def test_a_known_lead_without_records_has_no_records(state, capsys, lead) -> None:
+    state.add_lead(normalize_lead("domain", "example.com"), case_id="case-1")
+    assert main(["records", "--lead", lead]) == 0
+    assert capsys.readouterr().out == "no records\n"
