@@ -18,6 +18,12 @@ What is written is what the fleet saw, minus what must never be written:
 The payload is the body as the fetcher read it, with its content-encoding already undone (httpx
 decodes it), so the response record's headers drop Content-Encoding and Transfer-Encoding and give
 the decoded length: a WARC reader sees a payload that matches its own headers.
+
+Reading back (what a case package's verification does): `read_capture` (the record at a capture's
+offset), `read_responses` (every answer of one collection's file, with offsets) and `read_warcinfo`
+(the file's source and lead-id). A record's `payload_sha256` is hex; the WARC-Payload-Digest header
+holds the same sha256 in base32 (`sha256_digest_header` writes one from the other,
+`digest_header_hex` reads it back).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
@@ -38,6 +44,7 @@ from typing import TYPE_CHECKING, Self
 from urllib.parse import urlsplit
 
 from warcio.archiveiterator import ArchiveIterator
+from warcio.recordloader import ArcWarcRecord
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.utils import Digester
 from warcio.warcwriter import WARCWriter
@@ -239,6 +246,20 @@ class StoredCapture:
     target_uri: str | None
     payload: bytes
     payload_digest: str | None  # the WARC-Payload-Digest header, as written ("sha256:<base32>")
+    # What a reader needs to read the answer again as the fleet did (its adapter's `judge`, `parse`).
+    record_type: str | None = None  # "response" for a capture
+    status: int | None = None  # the HTTP status of a response
+    http_headers: tuple[tuple[str, str], ...] = ()  # as written (redacted; see the module docstring)
+    warc_date: str | None = None  # WARC-Date: when it was fetched, "%Y-%m-%dT%H:%M:%S.%fZ"
+    offset: int | None = None  # of the record's gzip member in its file
+
+    @property
+    def fetched_at(self) -> datetime | None:
+        """WARC-Date as an aware UTC datetime (None when the record has none, or not a date)."""
+        try:
+            return datetime.fromisoformat((self.warc_date or "").replace("Z", "+00:00")).astimezone(UTC)
+        except ValueError:
+            return None
 
 
 def read_capture(path: str | os.PathLike[str], offset: int) -> StoredCapture:
@@ -248,20 +269,84 @@ def read_capture(path: str | os.PathLike[str], offset: int) -> StoredCapture:
         handle.seek(offset)
         try:
             for record in ArchiveIterator(handle):
-                return StoredCapture(
-                    record_id=record.rec_headers.get_header("WARC-Record-ID"),
-                    target_uri=record.rec_headers.get_header("WARC-Target-URI"),
-                    payload=record.raw_stream.read(),
-                    payload_digest=record.rec_headers.get_header("WARC-Payload-Digest"),
-                )
+                return _stored(record, offset)
         except Exception as exc:  # noqa: BLE001 - a damaged file fails in zlib, warcio or the parser alike
             raise ValueError(f"no readable WARC record at offset {offset}: {type(exc).__name__}: {exc}") from exc
     raise ValueError(f"no WARC record at offset {offset}")
 
 
+def read_responses(path: str | os.PathLike[str]) -> list[StoredCapture]:
+    """Every response record of a WARC file, in file order, each with its offset: all the answers
+    one collection captured. Raises ValueError when the file is not readable WARC."""
+    found = []
+    with open(path, "rb") as handle:
+        try:
+            archive = ArchiveIterator(handle)
+            for record in archive:
+                if record.rec_type != "response":
+                    continue
+                stored = _stored(record, None)
+                found.append(replace(stored, offset=archive.get_record_offset()))
+        except Exception as exc:  # noqa: BLE001 - as in read_capture
+            raise ValueError(f"not a readable WARC file: {type(exc).__name__}: {exc}") from exc
+    return found
+
+
+def read_warcinfo(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The fields of a WARC file's warcinfo record (`source`, `lead-id`, `software`...); empty when
+    its first record is not a warcinfo record. Raises ValueError when the file is not readable WARC."""
+    with open(path, "rb") as handle:
+        try:
+            for record in ArchiveIterator(handle):
+                if record.rec_type != "warcinfo":
+                    return {}
+                text = record.content_stream().read().decode("utf-8", "replace")
+                return {name.strip(): value.strip() for name, sep, value in
+                        (line.partition(":") for line in text.splitlines()) if sep}
+        except Exception as exc:  # noqa: BLE001 - as in read_capture
+            raise ValueError(f"not a readable WARC file: {type(exc).__name__}: {exc}") from exc
+    return {}
+
+
+def _stored(record: ArcWarcRecord, offset: int | None) -> StoredCapture:
+    http = record.http_headers
+    status = None
+    if record.rec_type == "response" and http is not None:
+        try:
+            status = int(http.get_statuscode())
+        except (TypeError, ValueError):
+            status = None
+    return StoredCapture(
+        record_id=record.rec_headers.get_header("WARC-Record-ID"),
+        target_uri=record.rec_headers.get_header("WARC-Target-URI"),
+        payload=record.raw_stream.read(),
+        payload_digest=record.rec_headers.get_header("WARC-Payload-Digest"),
+        record_type=record.rec_type,
+        status=status,
+        http_headers=tuple((str(n), str(v)) for n, v in http.headers) if http is not None else (),
+        warc_date=record.rec_headers.get_header("WARC-Date"),
+        offset=offset,
+    )
+
+
 def sha256_digest_header(hex_digest: str) -> str:
     """The WARC-Payload-Digest a payload with this sha256 carries (warcio's base32 form)."""
     return "sha256:" + base64.b32encode(bytes.fromhex(hex_digest)).decode("ascii")
+
+
+def digest_header_hex(header: str | None) -> str | None:
+    """The sha256 a WARC-Payload-Digest (`sha256:<base32>`) holds, as hex: the same hash as a
+    record's `payload_sha256`, written the other way. None when it is not a readable sha256 digest."""
+    if not header:
+        return None
+    algorithm, _, encoded = header.partition(":")
+    if algorithm.strip().lower() != "sha256" or not encoded:
+        return None
+    try:
+        raw = base64.b32decode(encoded.strip().upper())
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == 32 else None
 
 
 def _reason(status: int) -> str:

@@ -115,7 +115,7 @@ def test_verify_checks_each_payload_against_its_warc_record(collected: Settings,
     (out / "datapackage.json").write_text(json.dumps(package))
     assert main(["verify", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "does not match the record's " + "0" * 64 in err
+    assert "does not match the record's sha256:" + "0" * 64 in err
 
 
 def test_export_refuses_an_unknown_case_and_a_folder_in_use(collected: Settings, tmp_path: Path, capsys) -> None:
