@@ -13,6 +13,10 @@ Sources of each figure, over a window (default 15 min) unless said otherwise:
   collected *with records* within the source's `recrawl_every`: an empty answer is not fresh;
 - spend: today (UTC) and over the window, priced by `investigations.scheduling.cost`.
 
+Besides these window figures, `/metrics` reads cumulative totals (`FleetTotals`, through a
+`TotalsReader`): every request of the fetch log and every collection the queue saw finish, since the
+store began, so Prometheus computes rates over any range itself.
+
 The computing functions are pure over plain rows (`figures_for`, `health_of`, `identity_standings`);
 `fleet_figures` reads the rows and calls them. Only freshness is summed up in SQL (`Freshness`): a
 fleet may monitor a great many leads, and a row for each would cost more than the rest together.
@@ -21,6 +25,7 @@ fleet may monitor a great many leads, and a row for each would cost more than th
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -28,7 +33,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, select, type_coerce
+from sqlalchemy import BigInteger, Connection, and_, case, cast, func, select, type_coerce
 
 from investigations.collection.events import Outcome
 from investigations.evidence.captures import evidence_bytes_by_source
@@ -506,3 +511,176 @@ def _group(rows: Iterable[Any]) -> dict[str, list[Any]]:
     for row in rows:
         grouped[row.source].append(row)
     return grouped
+
+
+# -- cumulative totals (the `/metrics` counters) ----------------------------------------------------
+
+# Upper bounds of the request latency histogram, ms: 0.05 s to 30 s (three times the default
+# request timeout); the +Inf bucket above them holds every request.
+LATENCY_BUCKETS_MS = (50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000)
+# A target the fetcher refused (the SSRF guard, a redirect it cannot check) is logged as permanent,
+# with no status (nothing was asked) and an error that starts with this.
+REFUSED_ERROR = "refused "
+# The queue's states as `FleetTotals.queue` counts them (waiting: queued, its not_before ahead).
+QUEUE_STATES = ("ready", "waiting", "dispatched")
+# How long after it was logged (or queued) a row is taken as committed, whatever transaction was
+# still open when it was written: only then is it folded into `TotalsReader`'s running totals.
+SETTLE = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class RequestTotals:
+    """Requests of one source with one outcome in the fetch log. Sums are integers (latency in whole
+    microseconds), so a total read again after more rows were added is never smaller, whatever the
+    order the database added them up in."""
+
+    requests: int = 0
+    retries: int = 0  # attempt > 1
+    refusals: int = 0  # targets refused, never asked (see REFUSED_ERROR)
+    bytes: int = 0  # of answer
+    latency_us: int = 0
+    # Cumulative, one per LATENCY_BUCKETS_MS bound: requests that took at most that long.
+    within: tuple[int, ...] = (0,) * len(LATENCY_BUCKETS_MS)
+
+    def __add__(self, other: RequestTotals) -> RequestTotals:
+        return RequestTotals(self.requests + other.requests, self.retries + other.retries,
+                             self.refusals + other.refusals, self.bytes + other.bytes,
+                             self.latency_us + other.latency_us,
+                             tuple(a + b for a, b in zip(self.within, other.within, strict=True)))
+
+
+@dataclass(frozen=True)
+class FleetTotals:
+    """What `/metrics` reads from the store besides `fleet_figures`.
+
+    `requests` and `collections` are cumulative and only grow while the store does: the fetch log is
+    append-only, and a queue row once done is never changed again. `collections` counts the
+    collections dispatched from the queue that finished: its done rows that were dispatched (a
+    finished collection also closes the queued duplicates it satisfied, never dispatched: those are
+    not counted again). A collection launched by hand outside the queue is not among them. The
+    `collections` table cannot count them: it keeps only each (source, lead)'s latest attempt."""
+
+    requests: dict[tuple[str, str], RequestTotals]  # (source, outcome) -> every attempt logged
+    collections: dict[tuple[str, str], int]  # (source, outcome: ok | empty | failed) -> finished
+    queue: dict[tuple[str, str, str], int]  # (source, priority_class, QUEUE_STATES) -> rows now
+    newest_success: dict[str, datetime]  # source -> its newest successful collection (ok or empty)
+    records_held: dict[str, int]  # source -> records its leads' latest successful collections stored
+
+
+class TotalsReader:
+    """Reads `FleetTotals`, keeping in memory the part of them that can no longer change, so a
+    reader that reads again and again (the `/metrics` collector, on every scrape) scans only what
+    was written since rather than the store's whole history (a million fetch-log rows take seconds).
+
+    Kept: the fetch log's totals up to a row id, and the dispatched-and-done queue rows' counts up
+    to a row id below which every row is done. Rows are folded in once they are SETTLE old (by
+    `at`, by `enqueued_at`): a row with a lower id still uncommitted then (Postgres hands ids out at
+    insert, not at commit) would be missed, and no writer holds a one-row insert open that long
+    (with clocks within SETTLE of each other). A store that starts over (its highest id below the
+    kept one) is read afresh. Safe to share between threads."""
+
+    def __init__(self, store: StateStore, *, settle: timedelta = SETTLE) -> None:
+        self._store = store
+        self._settle = settle
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._log_through = 0  # fetch-log rows with id <= this are in _requests
+        self._requests: dict[tuple[str, str], RequestTotals] = {}
+        self._queue_through = 0  # queue rows with id <= this are done, and counted in _collections
+        self._collections: Counter[tuple[str, str]] = Counter()
+
+    def read(self, *, now: datetime | None = None) -> FleetTotals:
+        now = now or utcnow()
+        fl, q = s.fetch_log, s.collection_queue
+        with self._lock, self._store.reading() as conn:
+            top_log = conn.execute(select(func.max(fl.c.id))).scalar() or 0
+            top_queue = conn.execute(select(func.max(q.c.id))).scalar() or 0
+            if top_log < self._log_through or top_queue < self._queue_through:
+                self._reset()
+            self._fold(conn, now=now, top_log=top_log, top_queue=top_queue)
+            requests = dict(self._requests)
+            for key, more in _request_totals(conn, after=self._log_through).items():
+                requests[key] = requests.get(key, RequestTotals()) + more
+            collections = self._collections + _finished(conn, after=self._queue_through)
+            return FleetTotals(requests=requests, collections=dict(collections), **_states_now(conn, now=now))
+
+    def _fold(self, conn: Connection, *, now: datetime, top_log: int, top_queue: int) -> None:
+        """Fold the rows that can no longer change into the kept totals."""
+        fl, q = s.fetch_log, s.collection_queue
+        cutoff = now - self._settle
+        recent = conn.execute(select(func.min(fl.c.id)).where(fl.c.id > self._log_through, fl.c.at >= cutoff)).scalar()
+        through = top_log if recent is None else recent - 1
+        if through > self._log_through:
+            for key, more in _request_totals(conn, after=self._log_through, through=through).items():
+                self._requests[key] = self._requests.get(key, RequestTotals()) + more
+            self._log_through = through
+        open_row = conn.execute(select(func.min(q.c.id)).where(q.c.state != "done")).scalar()
+        recent = conn.execute(select(func.min(q.c.id)).where(q.c.id > self._queue_through,
+                                                            q.c.enqueued_at >= cutoff)).scalar()
+        through = min((row - 1 for row in (open_row, recent) if row is not None), default=top_queue)
+        if through > self._queue_through:
+            self._collections += _finished(conn, after=self._queue_through, through=through)
+            self._queue_through = through
+
+
+def read_totals(store: StateStore, *, now: datetime | None = None) -> FleetTotals:
+    """`FleetTotals` read afresh: the whole fetch log and queue scanned (see `TotalsReader`)."""
+    return TotalsReader(store).read(now=now)
+
+
+def _request_totals(conn: Connection, *, after: int, through: int | None = None
+                    ) -> dict[tuple[str, str], RequestTotals]:
+    """The fetch log's rows with `after` < id <= `through` (None: the last), summed per source and outcome."""
+    fl = s.fetch_log
+    refused = and_(fl.c.outcome == Outcome.PERMANENT.value, fl.c.status.is_(None),
+                   fl.c.error.like(f"{REFUSED_ERROR}%"))
+
+    def total(expression: Any) -> Any:
+        return func.coalesce(func.sum(expression), 0)
+
+    query = (
+        select(fl.c.source, fl.c.outcome, func.count(), total(case((fl.c.attempt > 1, 1), else_=0)),
+               total(case((refused, 1), else_=0)), total(fl.c.bytes),
+               total(cast(func.round(fl.c.latency_ms * 1000), BigInteger)),
+               *(total(case((fl.c.latency_ms <= bound, 1), else_=0)) for bound in LATENCY_BUCKETS_MS))
+        .where(fl.c.id > after)
+        # Outcome first: grouped by source first, SQLite walks the whole (source, at) index instead of
+        # the id range (seconds on a million rows, for the few written since the last read).
+        .group_by(fl.c.outcome, fl.c.source)
+    )
+    if through is not None:
+        query = query.where(fl.c.id <= through)
+    return {(source, outcome): RequestTotals(int(n), int(retries), int(refusals), int(size), int(us),
+                                             tuple(int(w) for w in within))
+            for source, outcome, n, retries, refusals, size, us, *within in conn.execute(query)}
+
+
+def _finished(conn: Connection, *, after: int, through: int | None = None) -> Counter[tuple[str, str]]:
+    """Queue rows with `after` < id <= `through` (None: the last) that were dispatched and are done,
+    per source and outcome."""
+    q = s.collection_queue
+    query = (select(q.c.source, q.c.outcome, func.count())
+             .where(q.c.id > after, q.c.state == "done", q.c.dispatched_at.is_not(None))
+             .group_by(q.c.outcome, q.c.source))  # outcome first, as in `_request_totals`
+    if through is not None:
+        query = query.where(q.c.id <= through)
+    return Counter({(source, outcome or "unknown"): int(n) for source, outcome, n in conn.execute(query)})
+
+
+def _states_now(conn: Connection, *, now: datetime) -> dict[str, Any]:
+    """The queue by priority class and state, and each source's newest success and records held."""
+    q, c = s.collection_queue, s.collections
+    waiting = (q.c.state == "queued") & (q.c.not_before > now)
+    depths: Counter[tuple[str, str, str]] = Counter()
+    for source, priority_class, state, is_waiting, count in conn.execute(
+            select(q.c.source, q.c.priority_class, q.c.state, waiting, func.count())
+            .where(q.c.state != "done").group_by(q.c.source, q.c.priority_class, q.c.state, waiting)):
+        depths[(source, priority_class, "dispatched" if state == "dispatched" else
+                ("waiting" if is_waiting else "ready"))] += count
+    latest = conn.execute(select(c.c.source, func.max(c.c.last_success_at), func.coalesce(func.sum(c.c.records), 0))
+                          .group_by(c.c.source)).all()
+    return {"queue": dict(depths),
+            "newest_success": {source: newest for source, newest, _ in latest if newest is not None},
+            "records_held": {source: int(held) for source, _, held in latest}}

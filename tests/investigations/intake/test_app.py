@@ -462,14 +462,15 @@ def test_metrics_on_the_real_server_has_every_configured_source(
     answer = httpx.get(f"http://127.0.0.1:{real_intake.port}/metrics", timeout=10)
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
     families = {family.name: family for family in text_string_to_metric_families(answer.text)}
-    for name in ("investigations_source_backlog", "investigations_source_requests_per_min",
-                 "investigations_source_health"):
+    for name in ("investigations_source_backlog", "investigations_requests", "investigations_source_health"):
         assert {sample.labels["source"] for sample in families[name].samples} == set(catalog.names), name
+    assert families["investigations_requests"].type == "counter"
     health = {(s.labels["source"], s.labels["health"]): s.value for s in families["investigations_source_health"].samples}
     assert health[("profiles", "blocked")] == 1.0 and health[("profiles", "ok")] == 0.0
     assert health[("registry", "idle")] == 1.0
-    (latency,) = families["investigations_source_latency_p95_ms"].samples  # no requests, no figure: registry left out
-    assert (latency.labels["source"], latency.value) == ("profiles", 40.0)
+    latency = {s.labels["source"]: s.value for s in families["investigations_request_duration_seconds"].samples
+               if s.name.endswith("_count")}
+    assert latency == {"profiles": 1.0, "registry": 0.0}
 
 
 def test_metrics_is_503_when_the_store_is_unreachable(broken_store: StateStore, catalog: SourceCatalog) -> None:
