@@ -198,7 +198,8 @@ def create_intake_app(  # noqa: C901 - its route handlers are nested in it, and 
     data_dir: Path | None = None,
 ) -> Starlette:
     """Build the intake ASGI app: `GET /healthz`, `POST /v1/leads` (see the module docstring) and
-    `GET /metrics`, the fleet's counters, latency histogram and state gauges for Prometheus (`investigations.fleet.metrics`).
+    `GET /metrics`, the fleet's counters, latency histogram and state gauges for Prometheus
+    (`investigations.fleet.metrics`).
 
     The caller owns `store` and closes it; the app only borrows it. `secret` may be a list: a
     delivery signed with any of them is accepted (rotation). A bad secret (empty, or a `whsec_`
