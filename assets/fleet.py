@@ -5,6 +5,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
     AssetKey,
     AssetsDefinition,
     AssetSelection,
@@ -65,9 +69,25 @@ UI_PLOTTED_KEYS = 100
 FLEET_SUMS = ("backlog", "in_flight", "requests_per_min", "records_per_min", "dead_letters", "spend_today_usd")
 
 
+HEALTHY_CHECK = "healthy"
+# Verdicts that are not a problem: the source works, or has had nothing to do.
+HEALTHY_VERDICTS = ("ok", "idle")
+
+
 def source_health_key(source: str) -> AssetKey:
     """The asset that carries one source's verdict and figures: `fleet/sources/<source>`."""
     return AssetKey(["fleet", "sources", source])
+
+
+def healthy_check(source: str, metadata: dict[str, Any]) -> AssetCheckEvaluation:
+    """The source's `healthy` check from its figures: failed (ERROR) unless its verdict is ok or idle,
+    with the verdict's reason, so the source's row and page show it as a failed check."""
+    health = str(metadata.get("health", "unknown"))
+    return AssetCheckEvaluation(
+        asset_key=source_health_key(source), check_name=HEALTHY_CHECK, passed=health in HEALTHY_VERDICTS,
+        severity=AssetCheckSeverity.ERROR,
+        description=f"{source}: {health}" + (f" ({metadata['why']})" if metadata.get("why", "-") != "-" else ""),
+        metadata={"health": MetadataValue.text(health), "why": MetadataValue.text(str(metadata.get("why", "-")))})
 
 
 def fleet_health_metadata(fleet: FleetResource) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -118,11 +138,18 @@ def build_source_health_assets(catalog: SourceCatalog) -> list[AssetsDefinition]
 
     def build(source: str) -> AssetsDefinition:
         @asset(key=source_health_key(source), group_name=FLEET_GROUP, kinds={"sql"},
+               check_specs=[AssetCheckSpec(HEALTHY_CHECK, asset=source_health_key(source),
+                                           description=f"{source}'s verdict is ok or idle (what `investigations "
+                                                       "fleet` says): fails with the reason otherwise.")],
                description=f"{source}'s health verdict and figures, one plot per figure (reported every minute "
                            "by fleet_health_every_minute; materialize to refresh now).")
         def source_health(fleet: FleetResource) -> MaterializeResult:
             _, per_source = fleet_health_metadata(fleet)
-            return MaterializeResult(metadata=per_source.get(source, {"health": "unknown source"}))
+            metadata = per_source.get(source, {"health": "unknown source"})
+            check = healthy_check(source, metadata)
+            return MaterializeResult(metadata=metadata, check_results=[AssetCheckResult(
+                check_name=HEALTHY_CHECK, passed=check.passed, severity=check.severity,
+                description=check.description, metadata=check.metadata)])
 
         return source_health
 

@@ -15,7 +15,7 @@ from dagster import (
     sensor,
 )
 
-from assets.fleet import HEALTH_KEY, fleet_health_metadata, source_health_key
+from assets.fleet import HEALTH_KEY, fleet_health_metadata, healthy_check, source_health_key
 from resources.fleet import FleetResource
 
 FLEET_HEALTH_SENSOR = "fleet_health_every_minute"
@@ -36,6 +36,7 @@ def fleet_health_every_minute(context: SensorEvaluationContext, fleet: FleetReso
     return SensorResult(
         asset_events=[AssetMaterialization(asset_key=HEALTH_KEY, metadata=overview),
                       *(AssetMaterialization(asset_key=source_health_key(source), metadata=metadata)
-                        for source, metadata in per_source.items())],
+                        for source, metadata in per_source.items()),
+                      *(healthy_check(source, metadata) for source, metadata in per_source.items())],
         skip_reason=f"fleet/health reported; unhealthy: {', '.join(unhealthy) or 'none'}",
     )

@@ -34,9 +34,9 @@ def test_no_dead_letters_says_so(sandbox_env) -> None:
 def test_each_source_s_figures_are_numeric_entries_of_its_own_asset(sandbox_env) -> None:
     from datetime import UTC, datetime
 
-    from dagster import AssetKey, DagsterInstance
+    from dagster import AssetCheckKey, AssetKey, DagsterInstance
 
-    from assets.fleet import build_source_health_assets, fleet_health, source_health_key
+    from assets.fleet import HEALTHY_CHECK, build_source_health_assets, fleet_health, source_health_key
     from investigations.collection.events import FetchEvent, Outcome
     from investigations.sources.catalog import load_catalog
 
@@ -55,6 +55,11 @@ def test_each_source_s_figures_are_numeric_entries_of_its_own_asset(sandbox_env)
         overview = instance.get_latest_materialization_event(AssetKey(["fleet", "health"])).asset_materialization
         own = {spec.name: instance.get_latest_materialization_event(source_health_key(spec.name)).asset_materialization
                for spec in catalog.sources}
+        keys = [AssetCheckKey(source_health_key(spec.name), HEALTHY_CHECK) for spec in catalog.sources]
+        checks = {key.asset_key.path[-1]: record.event.dagster_event.event_specific_data
+                  for key, record in instance.event_log_storage.get_latest_asset_check_execution_by_key(keys).items()}
+    assert not checks["robust"].passed and "blocked" in checks["robust"].description  # read back from Dagster
+    assert checks["fragile"].passed
     for spec in catalog.sources:
         for name in ("backlog", "requests_per_min", "records_per_min", "dead_letters", "spend_today_usd"):
             assert isinstance(own[spec.name].metadata[name].value, float), (spec.name, name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dagster import AssetMaterialization, DagsterInstance, SensorResult, build_sensor_context
+from dagster import AssetCheckEvaluation, AssetMaterialization, DagsterInstance, SensorResult, build_sensor_context
 
 from assets.fleet import HEALTH_KEY, source_health_key
 from investigations.collection.events import FetchEvent, Outcome
@@ -25,8 +25,11 @@ def test_a_tick_reports_fleet_health_and_each_source_s_own_figures_and_requests_
             instance=instance, resources={"fleet": FleetResource()}) as context:
         result = fleet_health_every_minute(context)
     assert isinstance(result, SensorResult) and not result.run_requests
-    events = {event.asset_key: event for event in result.asset_events}
-    assert all(isinstance(event, AssetMaterialization) for event in events.values())
+    events = {event.asset_key: event for event in result.asset_events if isinstance(event, AssetMaterialization)}
+    checks = {event.asset_key.path[-1]: event for event in result.asset_events
+              if isinstance(event, AssetCheckEvaluation)}
+    assert not checks["robust"].passed and checks["robust"].check_name == "healthy"
+    assert "blocked" in (checks["robust"].description or "") and checks["fragile"].passed
     assert "robust" in events[HEALTH_KEY].metadata["unhealthy"].value
     robust = events[source_health_key("robust")].metadata
     assert robust["health"].value == "blocked" and robust["requests_per_min"].value == 2 / 15
