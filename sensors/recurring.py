@@ -4,14 +4,19 @@ Each source's `recrawl_every` says how fast it changes. Every tick this sensor q
 the monitored leads that are due, as `recurring` work in the fleet's backlog, starting at a
 jittered moment within the window (`investigations.scheduling.dispatch.plan_recurring` decides; this sensor only
 reports). The `new_leads` sensor, the one dispatcher, hands that work to Dagster in batch runs. A
-source is skipped, with the reason, while its circuit rests or its backlog is full.
+source is skipped, with the reason, while its circuit rests, its backlog is full or its budget is
+spent.
+
+The same pass follows each source's canaries: a failing canary is collected again every few
+minutes, and once the source passes again, the leads its incident left empty or failed are queued
+again (`investigations.scheduling.dispatch.requeue_recovered`), without waiting for the cadence.
 """
 
 from dagster import DefaultSensorStatus, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
 
 from assets.jobs import SourceJob
 from investigations.pacing import Circuits
-from investigations.scheduling.dispatch import plan_recurring
+from investigations.scheduling.dispatch import RecurringPlan, plan_recurring
 from investigations.sources.specs import SourceCatalog
 from resources.fleet import FleetResource
 
@@ -26,15 +31,24 @@ def build_recurring_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> Sen
         minimum_interval_seconds=INTERVAL_S,
         default_status=DefaultSensorStatus.RUNNING,
         description="Queues monitored leads (in active cases) whose last success is older than their source's "
-        "recrawl_every; the new_leads sensor dispatches them as batch runs.",
+        "recrawl_every, the sources' canaries, and, once a source's canaries pass again, the leads its incident "
+        "left empty or failed; the new_leads sensor dispatches them as batch runs.",
     )
     def recurring_crawls(context: SensorEvaluationContext, fleet: FleetResource) -> SensorResult:
         plans = plan_recurring(fleet.store, catalog, circuits=Circuits(fleet.store))
-        summary = "; ".join(
-            f"{p.source}: skipped, {p.skipped}" if p.skipped else f"{p.source}: {p.due} due, {p.queued} queued"
-            for p in plans
-        )
+        summary = "; ".join(describe(p) for p in plans)
         context.log.info(summary)
         return SensorResult(skip_reason=f"queued for dispatch by new_leads: {summary}")
 
     return recurring_crawls
+
+
+def describe(plan: RecurringPlan) -> str:
+    """One source's part of a tick's summary."""
+    done = f"skipped, {plan.skipped}" if plan.skipped else f"{plan.due} due, {plan.queued} queued"
+    text = f"{plan.source}: {done}"
+    if plan.recovered:
+        text += f", {plan.recovered} empty or failed during its canary incident queued again"
+    if plan.failing_since is not None:
+        text += f" (canaries failing since {plan.failing_since:%Y-%m-%d %H:%M} UTC)"
+    return text

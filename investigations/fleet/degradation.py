@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
+
+from investigations.store import SourceIncident
 
 if TYPE_CHECKING:
     from investigations.sources.specs import SourceSpec
@@ -203,20 +205,38 @@ def freshness_verdict(monitored: Sequence[tuple[str, datetime | None]], *, caden
 @dataclass(frozen=True)
 class CanaryState:
     """A canary lead's latest collection by its source: its outcome (None: not collected yet),
-    the records it stored and whether it is a dead letter."""
+    the records it stored, whether it is a dead letter, and when it last changed (`at`: the latest
+    of its last attempt and its dead letter's last failure; None: never)."""
 
     lead: str
     outcome: str | None
     records: int
     dead_letter: bool = False
+    at: datetime | None = None
+
+
+def canary_needs(expected_min: int) -> int:
+    """Records a canary's answer must hold to pass: the source's minimum, and at least one."""
+    return max(1, expected_min)
+
+
+def canary_answer_fails(canary: CanaryState, *, expected_min: int) -> bool:
+    """Its latest answer itself failed: fewer records than it needs, or a failure (a dead letter
+    alone, a run that died on it, is not an answer)."""
+    return canary.outcome is not None and (canary.outcome == "failed" or canary.records < canary_needs(expected_min))
+
+
+def canary_fails(canary: CanaryState, *, expected_min: int) -> bool:
+    """The canary fails its source: its answer failed, or it is a dead letter. One not collected
+    yet does not (it is not judged)."""
+    return canary.outcome is not None and (canary.dead_letter or canary_answer_fails(canary, expected_min=expected_min))
 
 
 def canary_verdict(canaries: Sequence[CanaryState], *, expected_min: int) -> Verdict:
     """Known-positive leads must always yield records: one that answered with fewer than the
     source's minimum (at least one), failed or was dead-lettered fails the source (ERROR)."""
-    need = max(1, expected_min)
-    failing = [c for c in canaries if c.outcome is not None and (c.dead_letter or c.outcome == "failed"
-                                                                 or c.records < need)]
+    need = canary_needs(expected_min)
+    failing = [c for c in canaries if canary_fails(c, expected_min=expected_min)]
     waiting = [c for c in canaries if c.outcome is None and not c.dead_letter]
     details: dict[str, float | int | str | None] = {
         "canaries": len(canaries), "failing": len(failing), "not_collected_yet": len(waiting)}
@@ -234,6 +254,38 @@ def canary_verdict(canaries: Sequence[CanaryState], *, expected_min: int) -> Ver
                    "all with records", details=details)
 
 
+def follow_canaries(incident: SourceIncident | None, canaries: Sequence[CanaryState], *, source: str,
+                    expected_min: int) -> SourceIncident:
+    """The source's canary record after what its canaries show now (`StateStore.source_incident`; the
+    recurring planner applies this every pass, see `investigations.scheduling.dispatch.follow_incident`).
+
+    - An incident starts at the first failing canary collection (`canary_fails`: no records, failed,
+      or a dead letter) after one that passed; its window begins just after that pass (`since`, the
+      latest canary collection seen passing), or, with none on record, at the failure itself. The
+      answers of that gap were read from a source no longer known to work.
+    - It ends at the canary collection after which none of the source's canaries fails (with several,
+      the last to pass again); a canary not collected yet neither fails nor passes.
+    - While no canary fails, `passed_at` follows the latest canary collection.
+    - An incident that starts before the last one's leads were queued again takes over that one's
+      window: those leads were never re-collected, so they stay owed.
+
+    Times are the collections' own, not the pass's clock, so a pass that runs late changes nothing.
+    """
+    current = incident or SourceIncident(source)
+    failing = [c.at for c in canaries if c.at is not None and canary_fails(c, expected_min=expected_min)]
+    if failing:
+        if current.open:
+            return current
+        since = current.window_start if current.awaiting_requeue else current.passed_at
+        return replace(current, started_at=min(failing), since=since, ended_at=None, requeued_at=None)
+    passing = [c.at for c in canaries if c.at is not None and c.outcome is not None]
+    if not passing:
+        return current
+    latest = max(passing)
+    followed = replace(current, passed_at=max(latest, current.passed_at or latest))
+    return replace(followed, ended_at=latest) if current.open else followed
+
+
 def budget_verdict(spent_usd: float, budget_usd: float) -> Verdict:
     """A source whose spend today reached its daily budget gets no background work (WARN): its
     recurring crawls and backfills wait for the next UTC day; interactive leads still run."""
@@ -247,20 +299,27 @@ def budget_verdict(spent_usd: float, budget_usd: float) -> Verdict:
                    f"spent {spent_usd:.2f} of {budget_usd:.2f} USD today", details=details)
 
 
+def canary_states(store: StateStore, spec: SourceSpec) -> list[CanaryState]:
+    """The source's canary leads as its latest collections and dead letters leave them."""
+    states = []
+    for canary in spec.canaries:
+        lead_id = canary.lead.id
+        done = store.collection(spec.name, lead_id)
+        letters = store.dead_letters(source=spec.name, lead_id=lead_id)
+        times = [done.last_attempt_at] if done else []
+        times += [letter.last_seen for letter in letters]
+        states.append(CanaryState(f"{canary.kind}:{canary.value}", done.outcome if done else None,
+                                  done.records if done else 0, bool(letters), max(times, default=None)))
+    return states
+
+
 def judge_source(store: StateStore, spec: SourceSpec, *, now: datetime,
                  spent_today_usd: float | None = None) -> dict[str, Verdict]:
     """Every source-level judgement, from the state store: `fresh`, `canaries`, `refusals`, `volume`
     and, given the day's spend of a source with a budget, `budget`."""
     verdicts = {"fresh": freshness_verdict(store.monitored_freshness(spec.name, lead_kinds=spec.lead_kinds),
                                            cadence_s=spec.recrawl_every_s, now=now)}
-    states = []
-    for canary in spec.canaries:
-        lead_id = canary.lead.id
-        done = store.collection(spec.name, lead_id)
-        states.append(CanaryState(f"{canary.kind}:{canary.value}", done.outcome if done else None,
-                                  done.records if done else 0,
-                                  bool(store.dead_letters(source=spec.name, lead_id=lead_id))))
-    verdicts["canaries"] = canary_verdict(states, expected_min=spec.expected_min_records)
+    verdicts["canaries"] = canary_verdict(canary_states(store, spec), expected_min=spec.expected_min_records)
     recent_since = now - timedelta(seconds=REFUSALS_RECENT_S)
     recent, _ = store.fetch_profile(spec.name, since=recent_since)
     before, _ = store.fetch_profile(spec.name, since=recent_since - timedelta(seconds=REFUSALS_BASELINE_S),

@@ -29,10 +29,11 @@ import hashlib
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from investigations.collection.runwork import LINGER_S, OPEN_FOR_S
+from investigations.fleet.degradation import CanaryState, canary_answer_fails, canary_states, follow_canaries
 from investigations.identities.leasing import longest_hold_s
 from investigations.pacing import Circuits, jittered_start_s
 from investigations.scheduling.cost import over_budget, spend_today
@@ -44,6 +45,7 @@ from investigations.store import (
     InboxItem,
     QueuedCollection,
     QueueEntry,
+    SourceIncident,
     StateStore,
     utcnow,
 )
@@ -378,6 +380,12 @@ BACKLOG_FACTOR = 5
 # and sources do not all start on the same tick.
 START_SPREAD = 0.1
 MAX_SPREAD_S = 600.0
+# A canary whose own answer failed (no records, or an error) is collected again this long after it,
+# not a cadence later (never later than the cadence): a source that answers again is noticed within
+# minutes, as the source-level checks look every 5 minutes. One request of the source's every 5
+# minutes while it fails (288 a day at most per canary, within its budget and circuit like all
+# recurring work), against a rate of several a second.
+CANARY_RETRY_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -388,6 +396,8 @@ class RecurringPlan:
     queued: int
     skipped: str | None = None
     canaries: int = 0  # canary leads queued for this window
+    recovered: int = 0  # leads queued again after its canaries passed again (`requeue_recovered`)
+    failing_since: datetime | None = None  # its canary incident's first failing collection, while open
 
 
 def window_of(spec: SourceSpec, now: datetime) -> int:
@@ -405,45 +415,119 @@ def plan_recurring(
     plans = []
     for spec in catalog.sources:
         window = window_of(spec, now)
-        gate = circuit_gate(circuits, spec.name, now_s=now.timestamp())
-        if not gate.closed:
-            plans.append(RecurringPlan(spec.name, window, 0, 0, f"circuit {gate.state}"))
-            continue
-        if held := budget.reason(spec):
-            plans.append(RecurringPlan(spec.name, window, 0, 0, held))
-            continue
-        depth = depths.get(spec.name, {})
-        backlog = sum(depth.values())
-        if backlog >= BACKLOG_FACTOR * spec.max_in_flight:
-            plans.append(RecurringPlan(spec.name, window, 0, 0, f"backlog full ({backlog} collections waiting)"))
-            continue
-        due = store.stale_monitored(spec.name, lead_kinds=spec.lead_kinds,
-                                    older_than=now - timedelta(seconds=spec.recrawl_every_s), limit=MAX_DUE_PER_SOURCE)
+        # The canaries are followed whatever holds the source's work back, so no failure or recovery
+        # goes unrecorded; what they call for is queued within its circuit, budget and backlog.
+        states = canary_states(store, spec)
+        incident = follow_incident(store, spec, states)
+        failing_since = incident.started_at if incident is not None and incident.open else None
         # Seeded by source and window: re-evaluating a tick draws the same start, nothing moves.
         rng = random.Random(f"{spec.name}:{window}")
         start = now + timedelta(seconds=jittered_start_s(min(spec.recrawl_every_s, MAX_SPREAD_S / START_SPREAD),
                                                          rng=rng, spread=START_SPREAD))
+        gate = circuit_gate(circuits, spec.name, now_s=now.timestamp())
+        if not gate.closed:
+            # No recurring work for a resting source; but its due canaries wait in the backlog (within
+            # its budget), where the dispatcher sends one as the circuit's probe: a source that answers
+            # again is noticed at the end of its rest, not when a fresh lead happens to come.
+            canaries = 0 if budget.reason(spec) else queue_canaries(store, spec, window=window, not_before=start,
+                                                                      now=now, states=states)
+            plans.append(RecurringPlan(spec.name, window, 0, 0, f"circuit {gate.state}", canaries=canaries,
+                                       failing_since=failing_since))
+            continue
+        if held := budget.reason(spec):
+            plans.append(RecurringPlan(spec.name, window, 0, 0, held, failing_since=failing_since))
+            continue
+        depth = depths.get(spec.name, {})
+        backlog = sum(depth.values())
+        if backlog >= BACKLOG_FACTOR * spec.max_in_flight:
+            plans.append(RecurringPlan(spec.name, window, 0, 0, f"backlog full ({backlog} collections waiting)",
+                                       failing_since=failing_since))
+            continue
+        due = store.stale_monitored(spec.name, lead_kinds=spec.lead_kinds,
+                                    older_than=now - timedelta(seconds=spec.recrawl_every_s), limit=MAX_DUE_PER_SOURCE)
         queued = store.enqueue([(spec.name, lead) for lead in due], origin=f"recurring:{window}",
                                priority_class=PriorityClass.RECURRING.value, not_before=start, now=now)
-        canaries = queue_canaries(store, spec, window=window, not_before=start, now=now)
-        plans.append(RecurringPlan(spec.name, window, len(due), queued, canaries=canaries))
+        canaries = queue_canaries(store, spec, window=window, not_before=start, now=now, states=states)
+        recovered = requeue_recovered(store, spec, incident, now=now)
+        plans.append(RecurringPlan(spec.name, window, len(due), queued, canaries=canaries, recovered=recovered,
+                                   failing_since=failing_since))
     return plans
 
 
-def queue_canaries(store: StateStore, spec: SourceSpec, *, window: int, not_before: datetime, now: datetime) -> int:
-    """Queue the source's canary leads not collected within its cadence (registering them first:
-    a canary belongs to no case, so no other source monitors it). Returns how many were queued."""
+def canary_interval_s(spec: SourceSpec, canary: CanaryState) -> float:
+    """How long after its last collection a canary is due again: CANARY_RETRY_S when its own answer
+    failed (bounded by the cadence), else the source's cadence."""
+    if canary_answer_fails(canary, expected_min=spec.expected_min_records):
+        return min(CANARY_RETRY_S, spec.recrawl_every_s)
+    return spec.recrawl_every_s
+
+
+def queue_canaries(store: StateStore, spec: SourceSpec, *, window: int, not_before: datetime, now: datetime,
+                   states: Sequence[CanaryState] | None = None) -> int:
+    """Queue the source's canary leads that are due (registering them first: a canary belongs to no
+    case, so no other source monitors it): one not collected yet, one whose answer passed a cadence
+    ago (origin `canary:<window>`, at the window's jittered `not_before`), and one whose answer
+    failed CANARY_RETRY_S ago (origin `canary:<window>:retry:<n>`, n counting CANARY_RETRY_S periods,
+    within a tenth of the period). Never one still waiting or running. `states` are the canaries'
+    `canary_states`, when the caller has them. Returns how many were queued."""
     if not spec.canaries:
         return 0
     leads = [canary.lead for canary in spec.canaries]
-    for lead in leads:
-        store.add_lead(lead, now=now)
-    older_than = now - timedelta(seconds=spec.recrawl_every_s)
+    store.add_leads(leads, now=now)
+    states = canary_states(store, spec) if states is None else states
     waiting = store.pending_leads(spec.name, [lead.id for lead in leads])
-    due = [lead.id for lead in leads if lead.id not in waiting
-           and ((done := store.collection(spec.name, lead.id)) is None or done.last_attempt_at < older_than)]
-    return store.enqueue([(spec.name, lead_id) for lead_id in due], origin=f"canary:{window}",
-                         priority_class=PriorityClass.RECURRING.value, not_before=not_before, now=now)
+    queued = 0
+    for lead, state in zip(leads, states, strict=True):
+        interval_s = canary_interval_s(spec, state)
+        if lead.id in waiting or (state.at is not None and state.at > now - timedelta(seconds=interval_s)):
+            continue
+        origin, start = f"canary:{window}", not_before
+        if interval_s < spec.recrawl_every_s:  # a failing canary: again soon, not on the window's start
+            retry = int(now.timestamp() // interval_s)
+            rng = random.Random(f"{spec.name}:{lead.id}:{retry}")  # a re-evaluated tick draws the same
+            origin = f"canary:{window}:retry:{retry}"
+            start = now + timedelta(seconds=jittered_start_s(interval_s, rng=rng, spread=START_SPREAD))
+        queued += store.enqueue([(spec.name, lead.id)], origin=origin, priority_class=PriorityClass.RECURRING.value,
+                                not_before=start, now=now)
+    return queued
+
+
+def follow_incident(store: StateStore, spec: SourceSpec, states: Sequence[CanaryState]) -> SourceIncident | None:
+    """The source's canary record after what its canaries show now (`follow_canaries`), written back
+    when it changed. None for a source without canaries, or with nothing to record yet."""
+    if not spec.canaries:
+        return None
+    stored = store.source_incident(spec.name)
+    followed = follow_canaries(stored, states, source=spec.name, expected_min=spec.expected_min_records)
+    if followed == (stored or SourceIncident(spec.name)):
+        return stored
+    store.save_source_incident(followed)
+    return followed
+
+
+def requeue_recovered(store: StateStore, spec: SourceSpec, incident: SourceIncident | None, *, now: datetime) -> int:
+    """Once a source's canaries pass again, queue once, as `recurring` work, the leads it monitors
+    whose latest collection answered empty or failed in the incident's window (from just after the
+    last pass before it to the canary collection that passed again; see `follow_canaries`).
+
+    Leads collected with records meanwhile, and empty answers from before the window, are not
+    touched; neither is a lead with a collection waiting or running. At most MAX_DUE_PER_SOURCE a
+    pass; the incident is marked requeued once none is left. Idempotent: the queue origin names the
+    incident (`recovered:<its start, epoch seconds>`), a lead queued under it is never picked again,
+    and a lead collected since has left the window. The dispatcher hands them over in batches, within
+    the source's bounds and budget, like any recurring crawl. Returns how many were queued."""
+    if incident is None or not incident.awaiting_requeue:
+        return 0
+    start, end = incident.window_start, incident.ended_at
+    assert incident.started_at is not None and start is not None and end is not None  # an ended incident has both
+    origin = f"recovered:{int(incident.started_at.timestamp())}"
+    leads = store.incident_leads(spec.name, lead_kinds=spec.lead_kinds, start=start, end=end, origin=origin,
+                                 limit=MAX_DUE_PER_SOURCE)
+    queued = store.enqueue([(spec.name, lead) for lead in leads], origin=origin,
+                           priority_class=PriorityClass.RECURRING.value, now=now)
+    if len(leads) < MAX_DUE_PER_SOURCE:
+        store.save_source_incident(replace(incident, requeued_at=now))
+    return queued
 
 
 def max_runtime_s(spec: SourceSpec, leads: int, *, open_to_joins: bool = False) -> int:

@@ -7,6 +7,7 @@ from investigations.store.state import (
     InboxItem,
     QueuedCollection,
     QueueEntry,
+    SourceIncident,
     StateStore,
     utcnow,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "QueueEntry",
     "QueuedCollection",
     "RUN_DIED",
+    "SourceIncident",
     "StateStore",
     "schema",
     "utcnow",

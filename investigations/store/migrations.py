@@ -140,6 +140,13 @@ def _add_collectors(conn: Connection, schema: str | None) -> None:
     s.metadata.create_all(conn, tables=[s.collectors])
 
 
+def _add_source_incidents(conn: Connection, _schema: str | None) -> None:
+    # A new table only. Every source starts with no incident and no canary pass on record: the
+    # recurring planner's next pass reads both from each canary's latest collection (an incident
+    # under way then is dated from that collection, the earliest failure the store still shows).
+    s.metadata.create_all(conn, tables=[s.source_incidents])
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     1: _create_base,
     2: _create_flow_control,
@@ -152,6 +159,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     6: _add_queue_handovers,
     7: _add_collection_fields,
     8: _add_collectors,
+    9: _add_source_incidents,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -323,4 +323,23 @@ identity_cookies = Table(
     Column("identity_id", String(64), primary_key=True),
     Column("cookies", Text, nullable=False),  # JSON list of {name, value, domain, path, expires, secure}
     Column("updated_at_s", Float, nullable=False),
+)
+
+
+# --- version 9: canary incidents ----------------------------------------------------------------
+
+# Each source's canary incident, one row per source (`investigations.fleet.degradation.follow_canaries`
+# keeps it): the latest canary collection seen passing, and the current or last incident, from its first
+# failing canary collection to the one that passed again, until the recovery rule has queued the empty
+# and failed leads of its window again (`investigations.scheduling.dispatch.requeue_recovered`). An
+# incident that begins before the last one's leads were queued again takes over its window.
+source_incidents = Table(
+    "source_incidents",
+    metadata,
+    Column("source", String(64), primary_key=True),
+    Column("passed_at", UTCDateTime, nullable=True),  # the latest canary collection seen passing
+    Column("started_at", UTCDateTime, nullable=True),  # the first failing canary collection; NULL: none yet
+    Column("since", UTCDateTime, nullable=True),  # where its window begins: the last pass before it; NULL: none known
+    Column("ended_at", UTCDateTime, nullable=True),  # the canary collection that passed again; NULL: open
+    Column("requeued_at", UTCDateTime, nullable=True),  # when its leads were queued again; NULL: not yet
 )

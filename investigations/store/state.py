@@ -3,9 +3,9 @@
 Everything that several runs and processes must agree on lives here, in one database (SQLite by
 default, Postgres for a fleet), so the engine stays stateless between calls. Each family is its own
 module: leads, cases and the inbox (`leads`), the fetch log (`fetchlog`), the collection queue
-(`queue`), collections and their history (`collections`), dead letters (`deadletters`); what they
-share is in `sql`. The rate lanes, circuits, identity pool and cookie jars keep their own tables
-beside these, in their own packages.
+(`queue`), collections and their history (`collections`), dead letters (`deadletters`), each
+source's canary incident (`incidents`); what they share is in `sql`. The rate lanes, circuits,
+identity pool and cookie jars keep their own tables beside these, in their own packages.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from investigations.store.collections import Collection, CollectionTables
 from investigations.store.deadletters import DeadLetter, DeadLetterTables
 from investigations.store.engine import make_engine
 from investigations.store.fetchlog import FetchLogTables
+from investigations.store.incidents import IncidentTables, SourceIncident
 from investigations.store.leads import AcceptResult, InboxItem, LeadTables
 from investigations.store.migrations import migrate
 from investigations.store.queue import (
@@ -29,10 +30,10 @@ from investigations.store.queue import (
 from investigations.store.sql import utcnow
 
 __all__ = ["DIED_COLLECTING", "QUEUE_DEPTH_KEYS", "RUN_DIED", "AcceptResult", "Collection", "DeadLetter",
-           "InboxItem", "QueueEntry", "QueuedCollection", "StateStore", "utcnow"]
+           "InboxItem", "QueueEntry", "QueuedCollection", "SourceIncident", "StateStore", "utcnow"]
 
 
-class StateStore(LeadTables, FetchLogTables, DeadLetterTables, QueueTables, CollectionTables):
+class StateStore(LeadTables, FetchLogTables, DeadLetterTables, QueueTables, CollectionTables, IncidentTables):
     """Shared state of the fleet. Safe to use from many threads and processes at once."""
 
     def __init__(self, engine: Engine, *, schema: str | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from investigations.fleet.degradation import (
     answer_verdict,
     block_rate_verdict,
     canary_verdict,
+    follow_canaries,
     freshness_verdict,
     judge_source,
     missing_fields,
@@ -21,7 +23,7 @@ from investigations.fleet.degradation import (
 )
 from investigations.intake.leads import normalize_lead
 from investigations.sources.specs import load_sources
-from investigations.store import StateStore
+from investigations.store import SourceIncident, StateStore
 
 ROOT = Path(__file__).resolve().parents[3]
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -142,6 +144,54 @@ def test_canaries_not_all_collected_yet_are_not_judged(canaries) -> None:
 def test_a_canary_that_failed_is_judged_even_while_another_waits() -> None:
     verdict = canary_verdict([CanaryState("domain:a", "empty", 0), CanaryState("domain:b", None, 0)], expected_min=1)
     assert verdict.judged and not verdict.passed
+
+
+def _at(hours: float) -> datetime:
+    return NOW + timedelta(hours=hours)
+
+
+def _canary(outcome: str | None, records: int, hours: float | None, *, lead: str = "domain:a",
+            dead_letter: bool = False) -> CanaryState:
+    return CanaryState(lead, outcome, records, dead_letter, None if hours is None else _at(hours))
+
+
+PASSED = SourceIncident("s", passed_at=_at(0))
+OPEN = SourceIncident("s", passed_at=_at(0), started_at=_at(2), since=_at(0))
+ENDED = replace(OPEN, passed_at=_at(3), ended_at=_at(3))
+REQUEUED = replace(ENDED, requeued_at=_at(3.1))
+
+
+@pytest.mark.parametrize(
+    ("before", "canaries", "after"),
+    [
+        pytest.param(None, [_canary(None, 0, None)], SourceIncident("s"), id="nothing-collected-yet"),
+        pytest.param(None, [_canary("ok", 2, 0)], PASSED, id="a-pass-is-remembered"),
+        pytest.param(PASSED, [_canary("ok", 2, 1)], replace(PASSED, passed_at=_at(1)), id="the-latest-pass"),
+        pytest.param(PASSED, [_canary("empty", 0, 2)], OPEN, id="an-empty-answer-opens-it-after-the-pass"),
+        pytest.param(PASSED, [_canary("failed", 0, 2, dead_letter=True)], OPEN, id="a-failure-opens-it"),
+        pytest.param(None, [_canary("empty", 0, 2)], SourceIncident("s", started_at=_at(2)), id="no-pass-on-record"),
+        pytest.param(OPEN, [_canary("empty", 0, 2.5)], OPEN, id="a-later-failure-changes-nothing"),
+        pytest.param(OPEN, [_canary("ok", 2, 3)], ENDED, id="a-pass-ends-it"),
+        pytest.param(OPEN, [_canary("ok", 2, 3), _canary("empty", 0, 2.5, lead="domain:b")], OPEN,
+                     id="not-while-another-canary-fails"),
+        pytest.param(OPEN, [_canary("ok", 2, 3), _canary(None, 0, None, lead="domain:b")], ENDED,
+                     id="one-not-collected-yet-does-not-hold-it-open"),
+        pytest.param(ENDED, [_canary("empty", 0, 5)], replace(ENDED, started_at=_at(5), ended_at=None),
+                     id="a-new-one-before-the-requeue-keeps-the-old-window"),
+        pytest.param(REQUEUED, [_canary("empty", 0, 5)],
+                     replace(REQUEUED, started_at=_at(5), since=_at(3), ended_at=None, requeued_at=None),
+                     id="a-new-one-after-the-requeue-starts-after-the-last-pass"),
+    ],
+)
+def test_a_source_s_incident_runs_from_its_first_failing_canary_to_the_pass_that_follows(
+    before, canaries, after
+) -> None:
+    assert follow_canaries(before, canaries, source="s", expected_min=1) == after
+
+
+def test_a_canary_short_of_the_source_s_minimum_fails_like_an_empty_one() -> None:
+    followed = follow_canaries(PASSED, [_canary("ok", 2, 2)], source="s", expected_min=3)
+    assert followed == OPEN
 
 
 def test_no_monitored_lead_is_not_judged_fresh() -> None:

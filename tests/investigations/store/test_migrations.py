@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, inspect, select
@@ -14,7 +14,8 @@ from sqlalchemy import Engine, inspect, select
 from investigations.collection.events import Outcome
 from investigations.pacing import GapSampler, RateLanes, aimd
 from investigations.pacing.lanes import LaneSpec
-from investigations.sources.specs import ThrottleSpec
+from investigations.scheduling.dispatch import plan_recurring
+from investigations.sources.specs import ThrottleSpec, parse_sources
 from investigations.store import StateStore
 from investigations.store import schema as s
 from investigations.store.engine import make_engine
@@ -180,3 +181,32 @@ def test_a_version_6_database_migrates_keeping_its_collections_whose_fields_are_
     assert columns == [(c.name, c.nullable) for c in s.collections.columns]
     collection = store.collection("robust", "domain-1")
     assert collection is not None and collection.records == 3 and collection.common_fields is None
+
+
+def test_a_version_8_database_migrates_and_an_incident_under_way_is_dated_from_its_canary_s_last_answer(
+    engine: Engine, database: tuple[str, str | None]
+) -> None:
+    catalog = parse_sources("""
+sources:
+  - name: quiet
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://quiet.example/api?q={value}"}
+    expected_min_records: 1
+    canaries: [{kind: domain, value: canary.example}]
+""")
+    canary = catalog.get("quiet").canaries[0].lead.id
+    _, schema = database
+    assert migrate(engine, schema=schema, version=8) == 8
+    with engine.begin() as conn:  # the canary answered empty before the upgrade
+        conn.execute(s.collections.insert().values(
+            source="quiet", lead_id=canary, outcome="empty", records=0, content_hash="h", path="p", run_id="r",
+            last_attempt_at=V5_AT, last_success_at=V5_AT))
+    store = StateStore(engine, schema=schema)
+    assert versions(engine) == list(range(1, s.SCHEMA_VERSION + 1))
+    with engine.connect() as conn:
+        columns = [(c["name"], c["nullable"]) for c in inspect(conn).get_columns("source_incidents", schema=schema)]
+    assert columns == [(c.name, c.nullable) for c in s.source_incidents.columns]
+    assert store.source_incident("quiet") is None  # nothing on record until the planner's next pass
+    (plan,) = plan_recurring(store, catalog, now=V5_AT + timedelta(minutes=1))
+    assert plan.failing_since == V5_AT
