@@ -63,7 +63,7 @@ def dead_letters(fleet: FleetResource) -> MaterializeResult:
 
 
 # Dagster's UI plots an asset's numeric metadata over time, but only its first this many keys: one
-# asset for every source's figures stopped drawing at the fifth source (5 x 23 keys).
+# asset for every source's figures stopped drawing at the fifth source (5 sources x 23 figures then).
 UI_PLOTTED_KEYS = 100
 # Fleet-wide sums plotted on fleet/health itself.
 FLEET_SUMS = ("backlog", "in_flight", "requests_per_min", "records_per_min", "dead_letters", "spend_today_usd")
@@ -115,7 +115,7 @@ def health_metadata(figures: Sequence[SourceFigures]) -> tuple[dict[str, Any], d
     rows = ["| source | health | why |", "|---|---|---|"]
     rows += [f"| [{f.source}](/assets/fleet/sources/{f.source}) | {f.health} | {f.health_reason or '-'} |"
              for f in figures]
-    unhealthy = sorted(f.source for f in figures if f.health not in ("ok", "idle"))
+    unhealthy = sorted(f.source for f in figures if f.health not in HEALTHY_VERDICTS)
     sums = {f"fleet/{name}": MetadataValue.float(float(sum(getattr(f, name) or 0 for f in figures)))
             for name in FLEET_SUMS}
     overview = {"unhealthy": MetadataValue.json(unhealthy), "health": MetadataValue.md("\n".join(rows)), **sums}
