@@ -20,6 +20,7 @@ from resources.slack import SLACK_API_URL, FleetSlack
 from sensors.alerts import build_slack_alerts_sensor
 from sensors.dead_letters import dead_letter_report
 from sensors.dead_runs import build_dead_runs_sensor
+from sensors.digests import build_case_digest_sensor
 from sensors.fleet_health import fleet_health_every_minute
 from sensors.new_leads import build_new_lead_sensors
 from sensors.recurring import build_recurring_sensor
@@ -44,6 +45,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
                                         api_url=os.environ.get("INVESTIGATIONS_SLACK_API_URL") or SLACK_API_URL)
         ui_url = os.environ.get("INVESTIGATIONS_UI_URL") or f"http://127.0.0.1:{settings.ui_port}"
         alerts.append(build_slack_alerts_sensor(catalog, ui_url=ui_url))
+        alerts.append(build_case_digest_sensor(period_s=settings.digest_period_s))
     return Definitions(
         assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters, fleet_health,
                 *build_source_health_assets(catalog)],

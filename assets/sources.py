@@ -225,6 +225,12 @@ def materialization(spec: SourceSpec, result: CollectionResult, *, cost_usd: flo
             "lead_kind": result.lead_kind,
             "lead_value": result.lead_value,
             "changed": result.changed,
+            # What changed in the lead's records, by record key (a first collection is a baseline: its
+            # records are `first_seen`, not `added`), so the asset's plots show findings coming and going.
+            "added": 0 if result.changes.first else len(result.changes.added),
+            "removed": len(result.changes.removed),
+            "modified": len(result.changes.modified),
+            "first_seen": len(result.changes.added) if result.changes.first else 0,
             "requests": result.requests,
             "path": MetadataValue.path(result.path),
             "content_hash": result.content_hash,

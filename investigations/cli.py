@@ -161,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_requeue.add_argument("--priority", default="recurring", choices=["interactive", "recurring", "backfill"])
     dlq_requeue.set_defaults(func=_dlq_requeue)
 
+    changes = sub.add_parser("changes", help="what's new in a case: records added, removed or changed per lead and "
+                                             "source, newest last (a lead's first records are shown as first seen)")
+    changes.add_argument("--case", required=True, help="the case id (`investigations cases list`)")
+    changes.add_argument("--since", help="a duration back from now (30m, 6h, 7d) or an ISO time; default: all")
+    changes.add_argument("--json", action="store_true")
+    changes.set_defaults(func=_changes)
+
     records = sub.add_parser("records", help="query collected records across sources and leads (DuckDB over Parquet)")
     records.add_argument("--source", help="only this source")
     records.add_argument("--lead", help="a lead id, or kind:value (e.g. domain:example.com)")
@@ -260,6 +267,59 @@ def _demo_case(args: argparse.Namespace) -> int:
           f"{len(delivered['accepted'])} new lead(s)"
           + (f"; {len(delivered['duplicates'])} already delivered by this webhook, not queued again"
              if delivered["duplicates"] else ""))
+    return 0
+
+
+def _since(text: str | None) -> datetime | None:
+    """`--since`: a duration back from now (`6h`, `7d`) or an ISO time (UTC unless it says)."""
+    from investigations.sources.specs import parse_duration_s
+
+    if text is None:
+        return None
+    try:
+        return datetime.now(UTC) - timedelta(seconds=parse_duration_s(text))
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--since {text!r} is neither a duration (30m, 6h, 7d) nor an ISO time") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _changes(args: argparse.Namespace) -> int:
+    from investigations.evidence.records import RecordStore
+
+    settings = Settings.from_env()
+    try:
+        since = _since(args.since)
+    except ValueError as exc:
+        print(f"investigations: {exc}", file=sys.stderr)
+        return 2
+    store = _store(settings)
+    lead_ids = store.case_lead_ids(args.case)
+    if lead_ids is None:
+        print(f"investigations: no case {args.case!r}; `investigations cases list` lists the cases", file=sys.stderr)
+        return 2
+    rows = RecordStore(settings.records_dir).changes.read(lead_ids, since=since)
+    values = {lead_id: lead for lead_id in lead_ids if (lead := store.get_lead(lead_id)) is not None}
+    for row in rows:
+        lead = values.get(row["lead_id"])
+        row["lead"] = f"{lead.kind}:{lead.value}" if lead else row["lead_id"]
+    if _printed_plainly(args, rows, none=f"no changes in case {args.case}" + (f" since {since:%Y-%m-%d %H:%M} UTC"
+                                                                                 if since else "")):
+        return 0
+    table = _table("when", "source", "lead", "what", "records")
+    for row in rows:
+        if row["first"]:
+            what, keys = f"first seen: {len(row['added'])}", row["added"]
+        else:
+            what = ", ".join(f"{sign}{len(row[name])} {name}" for sign, name in (("+", "added"), ("-", "removed"),
+                                                                                  ("~", "modified")) if row[name])
+            keys = [*row["added"], *row["removed"], *row["modified"]]
+        shown = ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
+        table.add_row(f"{row['at']:%Y-%m-%d %H:%M}", row["source"], row["lead"], what, shown)
+    _print_table(table, whole=("source",))
     return 0
 
 

@@ -18,6 +18,7 @@ DEFAULT_SOURCES_FILE = "sources.yaml"
 DEFAULT_INTAKE_PORT = 8700
 DEFAULT_SANDBOX_PORT = 8800
 DEFAULT_UI_PORT = 3000
+DEFAULT_DIGEST_PERIOD_S = 86400.0
 
 
 class ConfigError(ValueError):
@@ -55,6 +56,8 @@ class Settings:
     intake_port: int
     sandbox_port: int
     ui_port: int
+    # How often each case's Slack digest of what's new goes out (`INVESTIGATIONS_DIGEST_PERIOD`: 6h, 1d).
+    digest_period_s: float = DEFAULT_DIGEST_PERIOD_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -73,6 +76,7 @@ class Settings:
             intake_port=_port(env, "INVESTIGATIONS_INTAKE_PORT", DEFAULT_INTAKE_PORT),
             sandbox_port=_port(env, "INVESTIGATIONS_SANDBOX_PORT", DEFAULT_SANDBOX_PORT),
             ui_port=_port(env, "INVESTIGATIONS_UI_PORT", DEFAULT_UI_PORT),
+            digest_period_s=_duration_s(env, "INVESTIGATIONS_DIGEST_PERIOD", DEFAULT_DIGEST_PERIOD_S),
         )
 
     @classmethod
@@ -91,6 +95,18 @@ class Settings:
     @property
     def records_dir(self) -> Path:
         return self.data_dir / "records"
+
+
+def _duration_s(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    from investigations.sources.specs import parse_duration_s  # only when set: the specs are a heavier import
+
+    try:
+        return parse_duration_s(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
 
 
 def _port(env: Mapping[str, str], name: str, default: int) -> int:

@@ -25,7 +25,7 @@ from investigations.adapters import Adapter, ParsedRecord, ParseError, PlannedRe
 from investigations.collection.events import RequestTally
 from investigations.collection.fetcher import Fetcher, FetchFailed, FetchParked, FetchResult
 from investigations.evidence.captures import Capture, EvidenceStore
-from investigations.evidence.records import RecordStore
+from investigations.evidence.records import RecordChanges, RecordStore
 from investigations.identities.leasing import (
     LEASE_WAIT_S,
     MAX_IDENTITIES_PER_COLLECTION,
@@ -71,6 +71,8 @@ class CollectionResult:
     lead_value: str = ""
     # The fields every record carried (with a value): what the schema-drift check compares.
     common_fields: list[str] = field(default_factory=list)
+    # What this collection changed in the lead's stored records, by record key (evidence/records.py).
+    changes: RecordChanges = RecordChanges()
 
 
 def common_fields(records: Sequence[ParsedRecord]) -> list[str]:
@@ -328,6 +330,7 @@ class Collector:
             lead_kind=lead.kind,
             lead_value=lead.value,
             common_fields=fields_in_all,
+            changes=written.changes,
         )
 
     def _record_circuit(self, spec: SourceSpec, *, success: bool) -> None:

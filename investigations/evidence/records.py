@@ -15,6 +15,7 @@ written by hand) an unchanged file is left exactly as it was.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -65,11 +66,29 @@ class RecordLike(Protocol):
 
 
 @dataclass(frozen=True)
+class RecordChanges:
+    """What a collection changed in a lead's stored records, by record key. `first`: the lead had no
+    records from the source before, so everything is `added` as a baseline, not as news."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    modified: tuple[str, ...] = ()  # the same key, with another url or other fields
+    first: bool = False
+
+    @property
+    def news(self) -> bool:
+        """Whether this is something to tell an investigator: a change to records seen before."""
+        return not self.first and bool(self.added or self.removed or self.modified)
+
+
+@dataclass(frozen=True)
 class WriteResult:
     path: Path
     records: int
     content_hash: str
     changed: bool  # False when the stored file already held exactly these records
+    # What changed, by record key (nothing when `changed` is False).
+    changes: RecordChanges = RecordChanges()
 
 
 class RecordStore:
@@ -103,9 +122,19 @@ class RecordStore:
             canonical_json([source, lead_id, [[r.key, r.url, f] for r, f in zip(ordered, field_json, strict=True)]]).encode()
         ).hexdigest()
         path = self.path_for(source, lead_id)
-        unchanged = self.stored_hash(path) == content_hash
+        stored_hash = self.stored_hash(path)
+        unchanged = stored_hash == content_hash
         if unchanged and captures is None:
             return WriteResult(path, len(ordered), content_hash, changed=False)
+        changes = RecordChanges()
+        if not unchanged:
+            before = self._stored_records(path)
+            changes = diff_records(before, {r.key: (r.url, f) for r, f in zip(ordered, field_json, strict=True)})
+            if changes.added or changes.removed or changes.modified:
+                # The change first, then the file: a crash between them logs the change again on the next
+                # collection (the log keeps one line per from -> to content), never loses it.
+                self.changes.append(source, lead_id, changes, at=fetched_at, before=stored_hash, after=content_hash,
+                                    fields={r.key: f for r, f in zip(ordered, field_json, strict=True)})
         table = pa.table(
             {
                 "source": [source] * len(ordered),
@@ -125,7 +154,23 @@ class RecordStore:
             schema=RECORD_SCHEMA.with_metadata({CONTENT_HASH_KEY: content_hash.encode()}),
         )
         _atomic_write_parquet(table, path)
-        return WriteResult(path, len(ordered), content_hash, changed=not unchanged)
+        return WriteResult(path, len(ordered), content_hash, changed=not unchanged, changes=changes)
+
+    @property
+    def changes(self) -> ChangeLog:
+        """The log of what changed, beside the records (`<data dir>/changes`)."""
+        return ChangeLog(self.root.parent / "changes")
+
+    @staticmethod
+    def _stored_records(path: Path) -> dict[str, tuple[str | None, str]] | None:
+        """The stored file's records as key -> (url, fields JSON); None when there is no file."""
+        try:
+            table = pq.read_table(path, columns=["record_key", "url", "fields"])
+        except (FileNotFoundError, pa.ArrowInvalid):
+            return None
+        return {key: (url, fields) for key, url, fields in zip(
+            table.column("record_key").to_pylist(), table.column("url").to_pylist(),
+            table.column("fields").to_pylist(), strict=True)}
 
     def read(self, source: str, lead_id: str) -> pa.Table | None:
         path = self.path_for(source, lead_id)
@@ -139,6 +184,66 @@ class RecordStore:
             return None
         value = metadata.get(CONTENT_HASH_KEY)
         return value.decode() if value else None
+
+
+def diff_records(before: dict[str, tuple[str | None, str]] | None,
+                 after: dict[str, tuple[str | None, str]]) -> RecordChanges:
+    """What changed between two versions of a lead's records (key -> (url, fields JSON)); `before` is
+    None for a lead with no file yet (a first collection: its records are a baseline)."""
+    if before is None:
+        return RecordChanges(added=tuple(sorted(after)), first=bool(after))
+    return RecordChanges(
+        added=tuple(sorted(after.keys() - before.keys())),
+        removed=tuple(sorted(before.keys() - after.keys())),
+        modified=tuple(sorted(key for key in after.keys() & before.keys() if after[key] != before[key])),
+    )
+
+
+# A change line names at most this many added records with their fields (a lead that gains
+# thousands of records at once is counted, and its first ones shown).
+MAX_DETAILED = 50
+
+
+class ChangeLog:
+    """What each collection changed in a lead's records, one JSON line per change in
+    `<root>/<source>/<lead_id>.jsonl`, appended; read back deduplicated by (before, after) content."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def append(self, source: str, lead_id: str, changes: RecordChanges, *, at: datetime, before: str | None,
+               after: str, fields: dict[str, str]) -> None:
+        line = json.dumps({
+            "at": at.isoformat(), "source": source, "lead_id": lead_id, "before": before, "after": after,
+            "first": changes.first, "added": list(changes.added), "removed": list(changes.removed),
+            "modified": list(changes.modified),
+            "added_fields": {key: json.loads(fields[key]) for key in changes.added[:MAX_DETAILED]},
+        }, sort_keys=True)
+        path = self.root / source / f"{lead_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read(self, lead_ids: Sequence[str], *, since: datetime | None = None) -> list[dict[str, Any]]:
+        """Every change of these leads (across sources) at or after `since`, oldest first."""
+        wanted, seen, out = set(lead_ids), set(), []
+        for path in sorted(self.root.glob("*/*.jsonl")):
+            if path.stem not in wanted:
+                continue
+            for text in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    change = json.loads(text)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a crash mid-write
+                at = datetime.fromisoformat(change["at"])
+                identity = (change["source"], change["lead_id"], change["before"], change["after"])
+                if identity in seen or (since is not None and at < since):
+                    continue
+                seen.add(identity)
+                out.append(change | {"at": at})
+        return sorted(out, key=lambda c: (c["at"], c["source"], c["lead_id"]))
 
 
 def _atomic_write_parquet(table: pa.Table, path: Path) -> None:

@@ -187,6 +187,15 @@ class LeadTables(Tables):
                          .values(status=status, updated_at=now or utcnow()))
             return True
 
+    def case_lead_ids(self, case_id: str) -> list[str] | None:
+        """The ids of the leads a case holds (sorted); None when there is no such case."""
+        with self.engine.begin() as conn:
+            if conn.execute(select(s.cases.c.case_id).where(s.cases.c.case_id == case_id)).first() is None:
+                return None
+            rows = conn.execute(select(s.case_leads.c.lead_id).where(s.case_leads.c.case_id == case_id)
+                                .order_by(s.case_leads.c.lead_id))
+            return [row.lead_id for row in rows]
+
     def cases_overview(self) -> list[dict[str, Any]]:
         """Every case with its status and how many leads it holds."""
         query = (

@@ -74,6 +74,18 @@ def test_robust_partition_stores_records_and_passes_the_empty_check(world) -> No
     assert check.passed
 
 
+def test_a_lead_s_first_records_are_first_seen_and_the_same_again_adds_nothing(world) -> None:
+    settings, lead, instance, _ = world
+    spec = load_catalog(settings.sources_path).get("robust")
+    first = _materialize(spec, lead, instance)
+    (mat,) = first.asset_materializations_for_node("sources__robust")
+    records = mat.metadata["records"].value
+    assert (mat.metadata["first_seen"].value, mat.metadata["added"].value) == (records, 0)
+    again = _materialize(spec, lead, instance)
+    (mat,) = again.asset_materializations_for_node("sources__robust")
+    assert [mat.metadata[k].value for k in ("first_seen", "added", "removed", "modified")] == [0, 0, 0, 0]
+
+
 def test_without_an_identities_file_the_materialization_names_the_direct_identity(world) -> None:
     settings, lead, instance, _ = world
     spec = load_catalog(settings.sources_path).get("robust")
