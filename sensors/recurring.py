@@ -1,7 +1,10 @@
-"""Recurring crawls: monitored leads whose last success is older than their source's cadence.
+"""Recurring crawls: monitored leads whose cadence has come round.
 
-Each source's `recrawl_every` says how fast it changes. Every tick this sensor queues, per source,
-the monitored leads that are due, as `recurring` work in the fleet's backlog, starting at a
+A source on a fixed cadence (`recrawl_every`) collects every lead again once its last success is
+that old; on a learned one (`recrawl: {min, max}`) each lead gets the interval its history of
+changes earned, within the source's budget (`investigations.scheduling.cadence`). Every tick this
+sensor queues, per source, the monitored leads that are due, as `recurring` work in the fleet's
+backlog, starting at a
 jittered moment within the window (`investigations.scheduling.dispatch.plan_recurring` decides; this sensor only
 reports). The `new_leads` sensor, the one dispatcher, hands that work to Dagster in batch runs. A
 source is skipped, with the reason, while its circuit rests, its backlog is full or its budget is
@@ -30,9 +33,10 @@ def build_recurring_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> Sen
         jobs=jobs,
         minimum_interval_seconds=INTERVAL_S,
         default_status=DefaultSensorStatus.RUNNING,
-        description="Queues monitored leads (in active cases) whose last success is older than their source's "
-        "recrawl_every, the sources' canaries, and, once a source's canaries pass again, the leads its incident "
-        "left empty or failed; the new_leads sensor dispatches them as batch runs.",
+        description="Queues monitored leads (in active cases) whose cadence has come round (their source's "
+        "recrawl_every, or the interval each lead's changes earned within its source's recrawl bounds and budget), "
+        "the sources' canaries, and, once a source's canaries pass again, the leads its incident left empty or "
+        "failed; the new_leads sensor dispatches them as batch runs.",
     )
     def recurring_crawls(context: SensorEvaluationContext, fleet: FleetResource) -> SensorResult:
         plans = plan_recurring(fleet.store, catalog, circuits=Circuits(fleet.store))
@@ -47,8 +51,20 @@ def describe(plan: RecurringPlan) -> str:
     """One source's part of a tick's summary."""
     done = f"skipped, {plan.skipped}" if plan.skipped else f"{plan.due} due, {plan.queued} queued"
     text = f"{plan.source}: {done}"
+    if plan.median_interval_s is not None:
+        text += f", learned cadence median {about(plan.median_interval_s)}"
+        if plan.budget_short:
+            text += " (budget short: every lead at its max)"
     if plan.recovered:
         text += f", {plan.recovered} empty or failed during its canary incident queued again"
     if plan.failing_since is not None:
         text += f" (canaries failing since {plan.failing_since:%Y-%m-%d %H:%M} UTC)"
     return text
+
+
+def about(seconds: float) -> str:
+    """A duration to a tenth of its largest unit: `14h`, `2.5d`, `45m`."""
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{round(seconds / size, 1):g}{unit}"
+    return f"{round(seconds):g}s"

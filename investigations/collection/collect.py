@@ -311,7 +311,7 @@ class Collector:
         self.store.complete_collection(source=spec.name, lead_id=work.lead_id, outcome=outcome,
                                        records=written.records, content_hash=written.content_hash,
                                        path=str(written.path), run_id=work.run_id, now=self.now(),
-                                       common_fields=fields_in_all)
+                                       common_fields=fields_in_all, change_prior_s=spec.recrawl.prior_s)
         self._record_circuit(spec, success=True)
         return CollectionResult(
             source=spec.name,

@@ -1,8 +1,10 @@
-"""The sandbox web: one local ASGI app playing six fake sources with seeded, deterministic behaviour.
+"""The sandbox web: one local ASGI app playing seven fake sources with seeded, deterministic behaviour.
 
 robust answers; fragile rate-limits (429 + Retry-After); flaky errors and stalls; quiet answers 200
 with nothing in it; slow answers late; banning bans a client address that asks too fast or too
-regularly (403 and a captcha block page for `ban_s`). Tests and benches point the fleet at it on
+regularly (403 and a captcha block page for `ban_s`); changing answers like robust, but each lead's
+answer changes at a rate of its own, from hourly to never (`investigations.sandbox.changing`, on the
+config's `changing_clock`). Tests and benches point the fleet at it on
 loopback, so they exercise the hostile web without touching the real one. GET/POST /_control
 inspect and steer it; it also shows the client addresses each source saw and the bans per address.
 Every source has every knob: behind a rate limiter that passes its refusals on
@@ -34,6 +36,7 @@ from investigations.sandbox.behaviour import (
     SandboxState,
     SourceBehaviour,
 )
+from investigations.sandbox.changing import SOURCE as CHANGING
 from investigations.sandbox.content import KINDS, records, render_profile
 
 _MAX_Q_CHARS = 2048
@@ -46,6 +49,7 @@ _ROUTES = {
     "quiet": ("/quiet/api/lookup", "json"),
     "slow": ("/slow/profile/{kind}/{q:path}", "html"),
     "banning": ("/banning/profile/{kind}/{q:path}", "html"),
+    "changing": ("/changing/api/lookup", "json"),
 }
 assert tuple(_ROUTES) == SOURCES
 
@@ -76,7 +80,7 @@ def _lead_problem(kind: str, q: str) -> str | None:
     return None
 
 
-async def _answer(request: Request, b: SourceBehaviour, fmt: str, seed: int) -> Response:
+async def _answer(request: Request, b: SourceBehaviour, fmt: str, state: SandboxState) -> Response:
     params = request.path_params if fmt == "html" else request.query_params
     kind, q = params.get("kind", ""), params.get("q", "")
     if problem := _lead_problem(kind, q):
@@ -93,9 +97,15 @@ async def _answer(request: Request, b: SourceBehaviour, fmt: str, seed: int) -> 
     if decision.status != 200:
         phrase = HTTPStatus(decision.status).phrase.lower()
         return JSONResponse({"error": phrase}, status_code=decision.status)
+    seed = state.config.seed
     if fmt == "html":
         return HTMLResponse(render_profile(b.name, kind, q, seed, empty=decision.empty))
-    results = [] if decision.empty else records(b.name, kind, q, seed)
+    if decision.empty:
+        results = []
+    elif b.name == CHANGING:
+        results = state.changes.records(kind, q, state.config.changing_clock())
+    else:
+        results = records(b.name, kind, q, seed)
     return JSONResponse({"query": {"kind": kind, "q": q}, "results": results})
 
 
@@ -116,7 +126,7 @@ def create_app(config: SandboxConfig | None = None) -> Starlette:  # noqa: C901 
             elif refused:
                 response = JSONResponse({"error": "rate limited"}, status_code=429)
             else:
-                response = await _answer(request, b, fmt, config.seed)
+                response = await _answer(request, b, fmt, state)
             if (visitor := b.visit(request.cookies.get(VISITOR_COOKIE))) is not None:
                 response.set_cookie(VISITOR_COOKIE, visitor, max_age=VISITOR_COOKIE_MAX_AGE_S, path="/",
                                     httponly=True)

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field, fields, replace
 from itertools import pairwise
 from typing import Any
 
-SOURCES = ("robust", "fragile", "flaky", "quiet", "slow", "banning")
+from investigations.sandbox.changing import ChangeModel
+
+SOURCES = ("robust", "fragile", "flaky", "quiet", "slow", "banning", "changing")
 # How many recent requests each source keeps for inspection (header names, user agent, cookies).
 RECENT_REQUESTS = 64
 # The cookie a source with `visitor_cookie` hands out, to see a returning visitor come back.
@@ -50,6 +52,9 @@ class SandboxConfig:
     banning_rhythm_gaps: int = 8
     banning_ban_s: float = 60.0
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    # changing: what moment its answers are of (epoch seconds; see `investigations.sandbox.changing`),
+    # a clock of its own so a bench can run it months ahead while the rate limits keep real time.
+    changing_clock: Callable[[], float] = field(default=time.time, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -404,6 +409,8 @@ def default_settings(config: SandboxConfig) -> dict[str, Settings]:
                 "visitor_cookie": True,
             },
         ),
+        # Answers like robust; what it answers changes with time, lead by lead.
+        "changing": base,
     }
 
 
@@ -412,6 +419,7 @@ class SandboxState:
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
+        self.changes = ChangeModel(config.seed)  # the `changing` source's leads and their rates
         self.sources = {
             name: SourceBehaviour(name, settings, config.seed, config.clock)
             for name, settings in default_settings(config).items()

@@ -36,6 +36,7 @@ from investigations.collection.runwork import LINGER_S, OPEN_FOR_S
 from investigations.fleet.degradation import CanaryState, canary_answer_fails, canary_states, follow_canaries
 from investigations.identities.leasing import longest_hold_s
 from investigations.pacing import Circuits, jittered_start_s
+from investigations.scheduling.cadence import RevisitPlan, estimate_rates, plan_source, prior_rate_per_s
 from investigations.scheduling.cost import over_budget, spend_today
 from investigations.scheduling.priority import PriorityClass
 from investigations.sources.specs import SourceCatalog, SourceSpec
@@ -398,11 +399,45 @@ class RecurringPlan:
     canaries: int = 0  # canary leads queued for this window
     recovered: int = 0  # leads queued again after its canaries passed again (`requeue_recovered`)
     failing_since: datetime | None = None  # its canary incident's first failing collection, while open
+    # A learned cadence (`recrawl: {min, max}`): its leads' median planned interval, and whether its
+    # budget was short of keeping every lead within `max` (see `investigations.scheduling.cadence`).
+    median_interval_s: float | None = None
+    budget_short: bool = False
 
 
 def window_of(spec: SourceSpec, now: datetime) -> int:
-    """The cadence window `now` falls in: queue origins (and so run keys) are unique per window."""
-    return int(now.timestamp() // spec.recrawl_every_s)
+    """The cadence window `now` falls in (windows of the source's shortest interval, `recrawl.min`:
+    a lead is due at most once in one): queue origins (and so run keys) are unique per window."""
+    return int(now.timestamp() // spec.recrawl.min_s)
+
+
+def due_leads(store: StateStore, spec: SourceSpec, *, now: datetime) -> tuple[list[str], RevisitPlan | None]:
+    """The leads `spec` monitors that are due a recurring crawl now, stalest first (at most
+    MAX_DUE_PER_SOURCE), not those waiting or running for it, and the plan they come from.
+
+    A fixed cadence (`recrawl_every`, or min = max) is read straight from the store: every lead
+    whose last success is a cadence old. A learned one weighs every monitored lead's rate of change
+    (`cadence.change_rate` from its visits, its source's prior for a new lead) within the source's
+    budget and bounds (`cadence.plan_revisits`), and takes those whose planned visit has come,
+    earliest first."""
+    if spec.recrawl.is_fixed and spec.recrawl.closed_weight == 0:
+        older_than = now - timedelta(seconds=spec.recrawl.min_s)
+        return store.stale_monitored(spec.name, lead_kinds=spec.lead_kinds, older_than=older_than,
+                                     limit=MAX_DUE_PER_SOURCE), None
+    plan = plan_cadence(store, spec, now=now)
+    return plan.due[:MAX_DUE_PER_SOURCE], plan
+
+
+def plan_cadence(store: StateStore, spec: SourceSpec, *, now: datetime) -> RevisitPlan:
+    """The source's learned recurring plan now (`cadence.plan_source`) over every lead it monitors
+    (`StateStore.cadence_leads`). A lead's rate is the one estimated at its last visit; one kept for
+    another prior (`recrawl.every` changed since) is estimated again from its visits, and kept."""
+    prior_s = spec.recrawl.prior_s
+    leads = store.cadence_leads(spec.name, lead_kinds=spec.lead_kinds, prior_s=prior_s,
+                                closed_too=spec.recrawl.closed_weight > 0)
+    leads, estimated = estimate_rates(leads, prior_rate_per_s(spec))
+    store.keep_change_rates(spec.name, estimated, prior_s=prior_s)
+    return plan_source(spec, leads, now_s=now.timestamp())
 
 
 def plan_recurring(
@@ -422,7 +457,7 @@ def plan_recurring(
         failing_since = incident.started_at if incident is not None and incident.open else None
         # Seeded by source and window: re-evaluating a tick draws the same start, nothing moves.
         rng = random.Random(f"{spec.name}:{window}")
-        start = now + timedelta(seconds=jittered_start_s(min(spec.recrawl_every_s, MAX_SPREAD_S / START_SPREAD),
+        start = now + timedelta(seconds=jittered_start_s(min(spec.recrawl.min_s, MAX_SPREAD_S / START_SPREAD),
                                                          rng=rng, spread=START_SPREAD))
         gate = circuit_gate(circuits, spec.name, now_s=now.timestamp())
         if not gate.closed:
@@ -443,23 +478,25 @@ def plan_recurring(
             plans.append(RecurringPlan(spec.name, window, 0, 0, f"backlog full ({backlog} collections waiting)",
                                        failing_since=failing_since))
             continue
-        due = store.stale_monitored(spec.name, lead_kinds=spec.lead_kinds,
-                                    older_than=now - timedelta(seconds=spec.recrawl_every_s), limit=MAX_DUE_PER_SOURCE)
+        due, cadence = due_leads(store, spec, now=now)
         queued = store.enqueue([(spec.name, lead) for lead in due], origin=f"recurring:{window}",
                                priority_class=PriorityClass.RECURRING.value, not_before=start, now=now)
         canaries = queue_canaries(store, spec, window=window, not_before=start, now=now, states=states)
         recovered = requeue_recovered(store, spec, incident, now=now)
         plans.append(RecurringPlan(spec.name, window, len(due), queued, canaries=canaries, recovered=recovered,
-                                   failing_since=failing_since))
+                                   failing_since=failing_since,
+                                   median_interval_s=cadence.median_interval_s if cadence else None,
+                                   budget_short=cadence.short if cadence else False))
     return plans
 
 
 def canary_interval_s(spec: SourceSpec, canary: CanaryState) -> float:
     """How long after its last collection a canary is due again: CANARY_RETRY_S when its own answer
-    failed (bounded by the cadence), else the source's cadence."""
+    failed (bounded by the cadence), else the source's cadence (`recrawl_every`, or a learned
+    cadence's `recrawl.every`)."""
     if canary_answer_fails(canary, expected_min=spec.expected_min_records):
-        return min(CANARY_RETRY_S, spec.recrawl_every_s)
-    return spec.recrawl_every_s
+        return min(CANARY_RETRY_S, spec.recrawl.prior_s)
+    return spec.recrawl.prior_s
 
 
 def queue_canaries(store: StateStore, spec: SourceSpec, *, window: int, not_before: datetime, now: datetime,
@@ -482,7 +519,7 @@ def queue_canaries(store: StateStore, spec: SourceSpec, *, window: int, not_befo
         if lead.id in waiting or (state.at is not None and state.at > now - timedelta(seconds=interval_s)):
             continue
         origin, start = f"canary:{window}", not_before
-        if interval_s < spec.recrawl_every_s:  # a failing canary: again soon, not on the window's start
+        if interval_s < spec.recrawl.prior_s:  # a failing canary: again soon, not on the window's start
             retry = int(now.timestamp() // interval_s)
             rng = random.Random(f"{spec.name}:{lead.id}:{retry}")  # a re-evaluated tick draws the same
             origin = f"canary:{window}:retry:{retry}"

@@ -7,6 +7,7 @@ file, the source and the key named, so a typo never turns into a silently differ
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -30,6 +31,26 @@ _DURATION_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 Positive = Annotated[float, Field(gt=0)]
 
+
+def parse_duration_s(value: Any) -> float:
+    """`90`, `"90s"`, `"15m"`, `"6h"`, `"1d"` -> seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif match := _DURATION.match(str(value)):
+        seconds = float(match.group(1)) * _DURATION_UNIT_S[match.group(2)]
+    else:
+        raise ValueError(f"{value!r} is not a duration like 90, '15m', '6h' or '1d'")
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be longer than zero")
+    return seconds
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as the file writes them: `30d`, `6h`, `15m`, `90s` (the largest whole unit)."""
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 class SpecError(ValueError):
     """The sources file is broken; the message names the file, the source and the key."""
@@ -101,6 +122,54 @@ class CircuitSpec(_Model):
     failure_threshold: int = Field(default=5, ge=1)
     cooldown_s: Positive = 30.0  # first rest; doubles on each re-open, up to max_cooldown_s
     max_cooldown_s: Positive = 600.0
+
+
+DEFAULT_RECRAWL_S = 86_400.0
+
+
+class RecrawlSpec(_Model):
+    """How often a source's monitored leads are collected again (`investigations.scheduling.cadence`).
+
+    Each lead gets its own interval within [`min`, `max`], from how often its answer has changed:
+    new leads start from `every` (the source's typical change interval), and the source's recurring
+    crawls spend what one collection of each lead per `every` would, within `share` of its rate and
+    its daily budget. `min` = `max` is a fixed cadence (what `recrawl_every: X` means: every lead
+    every X, whatever its history). A lead only closed cases hold weighs `closed_weight` (0: it is
+    not collected again).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    min_s: float = Field(default=3_600.0, alias="min")
+    max_s: float = Field(default=30 * 86_400.0, alias="max")
+    every_s: float | None = Field(default=None, alias="every")  # None: the geometric mean of min and max
+    share: float = Field(default=0.5, gt=0, le=1)  # of rate.source_per_s, for recurring crawls
+    closed_weight: float = Field(default=0.0, ge=0, le=1)
+
+    @field_validator("min_s", "max_s", "every_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration_s(value)
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> RecrawlSpec:
+        if self.min_s > self.max_s:
+            raise ValueError(f"min ({duration_text(self.min_s)}) is above max ({duration_text(self.max_s)})")
+        return self
+
+    @classmethod
+    def fixed(cls, seconds: float) -> RecrawlSpec:
+        """Every lead every `seconds`, whatever its history (the old `recrawl_every`)."""
+        return cls.model_validate({"min": seconds, "max": seconds, "every": seconds})
+
+    @property
+    def is_fixed(self) -> bool:
+        return self.min_s == self.max_s
+
+    @property
+    def prior_s(self) -> float:
+        """The source's typical change interval: `every`, else the geometric mean of min and max."""
+        return self.every_s if self.every_s is not None else math.sqrt(self.min_s * self.max_s)
 
 
 class RequestSpec(_Model):
@@ -237,7 +306,8 @@ class SourceSpec(_Model):
     # run costs seconds of CPU to start, so small batches spend the machine on starting runs.
     batch_max_leads: int = Field(default=1000, ge=1, le=10_000)
     timeout_s: Positive = 10.0
-    recrawl_every_s: Positive = 86400.0
+    # `recrawl: {min, max, every, share, closed_weight}`, or `recrawl_every: X` (fixed: min = max = X).
+    recrawl: RecrawlSpec = RecrawlSpec.fixed(DEFAULT_RECRAWL_S)
     identity_tier: str = "datacenter"
     # Spend a day (UTC) after which the source gets no more background work (recurring crawls,
     # backfills); interactive leads still go. 0 means no budget. See `investigations.scheduling.cost`.
@@ -269,9 +339,7 @@ class SourceSpec(_Model):
             if not isinstance(adapter, str) or adapter not in ADAPTERS:
                 raise ValueError(f"unknown adapter {adapter!r} (known: {', '.join(ADAPTERS)})")
             data["parse"] = ADAPTERS[adapter].parse_model.model_validate(data.get("parse") or {})
-        if "recrawl_every" in data:
-            data["recrawl_every_s"] = parse_duration_s(data.pop("recrawl_every"))
-        return data
+        return _fixed_recrawl(data)
 
     @field_validator("name")
     @classmethod
@@ -298,6 +366,29 @@ class SourceSpec(_Model):
 
     def accepts(self, kind: str) -> bool:
         return kind in self.lead_kinds
+
+    @property
+    def recrawl_every_s(self) -> float:
+        """The longest a monitored lead goes without a collection: the fixed `recrawl_every`, or
+        `recrawl.max` (what `fresh_within_cadence` allows)."""
+        return self.recrawl.max_s
+
+
+def _fixed_recrawl(data: dict[str, Any]) -> dict[str, Any]:
+    """`recrawl_every: X` as `recrawl: {min: X, max: X, every: X}` (`recrawl_every_s`: a spec
+    dumped before `recrawl:` existed, as case packages keep them)."""
+    key = "recrawl_every" if "recrawl_every" in data else "recrawl_every_s" if "recrawl_every_s" in data else None
+    if key is None:
+        return data
+    value = data.pop(key)
+    if "recrawl" in data:
+        raise ValueError("keys 'recrawl_every' and 'recrawl' are both set: keep one (recrawl_every: X is "
+                         "recrawl: {min: X, max: X, every: X})")
+    try:
+        seconds = parse_duration_s(value)
+    except ValueError as exc:
+        raise ValueError(f"key 'recrawl_every': {exc}") from None
+    return {**data, "recrawl": {"min": seconds, "max": seconds, "every": seconds}}
 
 
 def _default_block_markers() -> tuple[str, ...]:
@@ -333,19 +424,6 @@ class SourceCatalog(_Model):
 
     def for_kind(self, kind: str) -> list[SourceSpec]:
         return [s for s in self.sources if s.accepts(kind)]
-
-
-def parse_duration_s(value: Any) -> float:
-    """`90`, `"90s"`, `"15m"`, `"6h"`, `"1d"` -> seconds."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    elif match := _DURATION.match(str(value)):
-        seconds = float(match.group(1)) * _DURATION_UNIT_S[match.group(2)]
-    else:
-        raise ValueError(f"recrawl_every {value!r} is not a duration like 90, '15m', '6h' or '1d'")
-    if seconds <= 0:
-        raise ValueError(f"recrawl_every {value!r} must be longer than zero")
-    return seconds
 
 
 def load_sources(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> SourceCatalog:

@@ -12,6 +12,7 @@ from sqlalchemy import Connection, and_, case, delete, func, select
 from investigations.store import schema as s
 from investigations.store.queue import finish_dispatched_rows
 from investigations.store.sql import Tables, upsert, utcnow
+from investigations.store.visits import record_visit
 
 
 @dataclass(frozen=True)
@@ -44,20 +45,25 @@ class CollectionTables(Tables):
         run_id: str | None,
         now: datetime | None = None,
         common_fields: Sequence[str] | None = None,
+        change_prior_s: float | None = None,
     ) -> int:
         """The bookkeeping of a finished collection in one transaction: its latest attempt (a success
-        also clears its dead letter) and its dispatched queue rows closed together, so a process
-        killed after the records were written leaves either both done or neither (the queue row
-        still dispatched: the collection runs again and stores the same records once). Returns the
-        queue rows closed.
+        also clears its dead letter), its lead's change history (`store.visits.record_visit`) and
+        its dispatched queue rows closed together, so a process killed after the records were
+        written leaves either both done or neither (the queue row still dispatched: the collection
+        runs again and stores the same records once). Returns the queue rows closed.
 
         `common_fields`: the fields every record of a successful collection carried (kept only when
-        it found records, for the schema-drift check)."""
+        it found records, for the schema-drift check). `change_prior_s`: the source's prior change
+        interval (`recrawl.every`), to estimate the lead's rate of change again with its visit
+        (None: the recurring planner estimates it)."""
         now = now or utcnow()
         with self.engine.begin() as conn:
             _record_collection(conn, source=source, lead_id=lead_id, outcome=outcome, records=records,
                                content_hash=content_hash, path=path, run_id=run_id, now=now,
                                common_fields=common_fields)
+            record_visit(conn, source=source, lead_id=lead_id, outcome=outcome, records=records,
+                         content_hash=content_hash, now=now, prior_s=change_prior_s)
             return finish_dispatched_rows(conn, source, lead_id, outcome=outcome, now=now)
 
     def collection(self, source: str, lead_id: str) -> Collection | None:

@@ -147,6 +147,18 @@ def _add_source_incidents(conn: Connection, _schema: str | None) -> None:
     s.metadata.create_all(conn, tables=[s.source_incidents])
 
 
+def _add_lead_visits(conn: Connection, schema: str | None) -> None:
+    # A new table, seeded from what the collections already know: each lead's last answer with
+    # records (when, its content hash) is what its next collection is compared with, so its first
+    # visit after the upgrade already counts. No visits yet: every lead starts from its source's prior.
+    s.metadata.create_all(conn, tables=[s.lead_visits])
+    visits, collections = _qualified(conn, "lead_visits", schema), _qualified(conn, "collections", schema)
+    conn.execute(text(
+        f"INSERT INTO {visits} (source, lead_id, seen_at, seen_hash, visits) "
+        f"SELECT source, lead_id, last_success_at, content_hash, '' FROM {collections} "
+        "WHERE records > 0 AND content_hash IS NOT NULL AND last_success_at IS NOT NULL"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     1: _create_base,
     2: _create_flow_control,
@@ -160,6 +172,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     7: _add_collection_fields,
     8: _add_collectors,
     9: _add_source_incidents,
+    10: _add_lead_visits,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -342,4 +342,28 @@ source_incidents = Table(
     Column("since", UTCDateTime, nullable=True),  # where its window begins: the last pass before it; NULL: none known
     Column("ended_at", UTCDateTime, nullable=True),  # the canary collection that passed again; NULL: open
     Column("requeued_at", UTCDateTime, nullable=True),  # when its leads were queued again; NULL: not yet
+)
+
+
+# --- version 10: how often each lead's answer changes ----------------------------------------------
+
+# Per (source, lead), what `investigations.scheduling.cadence` estimates its rate of change from: its
+# last answer with records (when, its content hash) and its last visits compared with the answer
+# before, and the rate estimated from them for the source's prior. Written with the collection, in
+# `complete_collection`'s transaction; only a collection that found records is a visit (empty and
+# failed ones say nothing about change).
+lead_visits = Table(
+    "lead_visits",
+    metadata,
+    Column("source", String(64), nullable=False),
+    Column("lead_id", String(64), nullable=False),
+    Column("seen_at", UTCDateTime, nullable=False),  # its last answer with records
+    Column("seen_hash", String(64), nullable=False),  # that answer's content hash
+    # The last visits, oldest first, comma separated: `<seconds since the answer before>:<1 changed | 0 not>`.
+    Column("visits", Text, nullable=False),
+    # Changes per second estimated from `visits` for the source's prior of `prior_s` seconds (NULL: not
+    # yet); the planner estimates again, and keeps, a rate whose prior is not its source's now.
+    Column("rate_per_s", Float, nullable=True),
+    Column("prior_s", Float, nullable=True),
+    PrimaryKeyConstraint("source", "lead_id"),
 )

@@ -4,8 +4,9 @@ Everything that several runs and processes must agree on lives here, in one data
 default, Postgres for a fleet), so the engine stays stateless between calls. Each family is its own
 module: leads, cases and the inbox (`leads`), the fetch log (`fetchlog`), the collection queue
 (`queue`), collections and their history (`collections`), dead letters (`deadletters`), each
-source's canary incident (`incidents`); what they share is in `sql`. The rate lanes, circuits,
-identity pool and cookie jars keep their own tables beside these, in their own packages.
+source's canary incident (`incidents`), each lead's visits and how often its answer changes
+(`visits`); what they share is in `sql`. The rate lanes, circuits, identity pool and cookie jars keep
+their own tables beside these, in their own packages.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from investigations.store.queue import (
     QueueTables,
 )
 from investigations.store.sql import utcnow
+from investigations.store.visits import VisitTables
 
 __all__ = ["DIED_COLLECTING", "QUEUE_DEPTH_KEYS", "RUN_DIED", "AcceptResult", "Collection", "DeadLetter",
            "InboxItem", "QueueEntry", "QueuedCollection", "SourceIncident", "StateStore", "utcnow"]
 
 
-class StateStore(LeadTables, FetchLogTables, DeadLetterTables, QueueTables, CollectionTables, IncidentTables):
+class StateStore(LeadTables, FetchLogTables, DeadLetterTables, QueueTables, CollectionTables, IncidentTables,
+                 VisitTables):
     """Shared state of the fleet. Safe to use from many threads and processes at once."""
 
     def __init__(self, engine: Engine, *, schema: str | None = None) -> None:

@@ -301,3 +301,45 @@ def test_the_bookkeeping_of_a_collection_is_one_transaction(
         world.collector(fleet).collect("robust", lead_id, run_id="run-killed")
     assert world.store.collection("robust", lead_id) is None
     assert world.store.handover_leads("robust:handover-1") == [lead_id]
+
+
+# -- what a collection says of its lead's changes ----------------------------------------------------
+
+CHANGING = """\
+sources:
+  - name: changing
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {{url: "{base}/changing/api/lookup?kind={{kind}}&q={{value}}"}}
+    parse: {{records_path: results, record_key: id}}
+    recrawl: {{min: 1h, max: 30d, every: 6h}}
+"""
+
+
+def test_each_collection_with_records_is_a_visit_of_its_lead_with_its_rate_kept(world: World) -> None:
+    from investigations.sandbox import SandboxConfig, start_in_thread
+    from investigations.sandbox.changing import ChangeModel
+    from investigations.scheduling.cadence import change_rate, prior_rate_per_s
+
+    model = ChangeModel(7)
+    lead = next(normalize_lead("domain", f"lead{n}.example") for n in range(1000)
+                if model.rate_per_s("domain", f"lead{n}.example") > 1 / (12 * 3600))
+    change = model.changes("domain", lead.value, T0.timestamp(), T0.timestamp() + 30 * 86_400)[0]
+    handle = start_in_thread(SandboxConfig(changing_clock=lambda: world.clock.now.timestamp()))
+    try:
+        catalog = parse_sources(CHANGING.format(base=handle.url), env={})
+        collector = world.collector(catalog)
+        first = collector.collect("changing", world.lead(lead))
+        world.clock.now = datetime.fromtimestamp(change, UTC) - timedelta(seconds=1)
+        same = collector.collect("changing", lead.id)
+        world.clock.now = datetime.fromtimestamp(change, UTC)
+        changed = collector.collect("changing", lead.id)
+    finally:
+        handle.stop()
+    assert (first.changed, same.changed, changed.changed) == (True, False, True)
+    history = world.store.change_history("changing", lead.id)
+    assert history is not None and [changed for _, changed in history.visits] == [False, True]
+    assert history.seen_hash == changed.content_hash
+    spec = catalog.get("changing")
+    (row,) = world.store.cadence_leads("changing", lead_kinds=["domain"], prior_s=spec.recrawl.prior_s)
+    assert row.rate_per_s == change_rate(history.visits, prior_rate_per_s(spec))

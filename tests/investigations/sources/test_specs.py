@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
-from investigations.sources.specs import SpecError, load_sources, parse_duration_s, parse_sources
+from investigations.sources.specs import (
+    RecrawlSpec,
+    SourceSpec,
+    SpecError,
+    duration_text,
+    load_sources,
+    parse_duration_s,
+    parse_sources,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 SANDBOX = "http://127.0.0.1:8123"
@@ -80,8 +89,20 @@ BROKEN_ENTRIES = [
     pytest.param(ALPHA.replace("http://127.0.0.1:1", "${NOPE_URL}"),
                  "key 'request.url': environment variable NOPE_URL is not set and has no default",
                  id="missing-env-var-without-default"),
-    pytest.param(ALPHA + "    recrawl_every: 15 minutes\n", "recrawl_every '15 minutes' is not a duration",
+    pytest.param(ALPHA + "    recrawl_every: 15 minutes\n", "key 'recrawl_every': '15 minutes' is not a duration",
                  id="bad-duration"),
+    pytest.param(ALPHA + "    recrawl: {min: 1 hour, max: 30d}\n", "key 'recrawl.min': '1 hour' is not a duration",
+                 id="bad-recrawl-bound"),
+    pytest.param(ALPHA + "    recrawl: {min: 1h, max: 0}\n", "key 'recrawl.max': 0 must be longer than zero",
+                 id="zero-recrawl-bound"),
+    pytest.param(ALPHA + "    recrawl: {min: 30d, max: 1h}\n", "key 'recrawl': min (30d) is above max (1h)",
+                 id="recrawl-min-above-max"),
+    pytest.param(ALPHA + "    recrawl: {min: 1h, max: 30d, evry: 6h}\n", "key 'recrawl.evry': unknown key",
+                 id="unknown-recrawl-key"),
+    pytest.param(ALPHA + "    recrawl: {share: 1.5}\n", "key 'recrawl.share': Input should be less than or equal to 1",
+                 id="recrawl-share-above-one"),
+    pytest.param(ALPHA + "    recrawl_every: 6h\n    recrawl: {min: 1h, max: 30d}\n",
+                 "keys 'recrawl_every' and 'recrawl' are both set", id="both-recrawl-keys"),
     pytest.param(ALPHA + "    interactive_slots: 0\n",
                  "key 'interactive_slots': Input should be greater than or equal to 1", id="no-interactive-slot"),
     pytest.param(ALPHA + "    throttle: {cut_hold_s: -1}\n",
@@ -229,6 +250,53 @@ def test_parse_duration_s_rejects_what_is_not_a_duration(value: object) -> None:
 
 def test_recrawl_every_in_the_file_becomes_seconds() -> None:
     assert parse(ALPHA + "    recrawl_every: 6h\n").get("alpha").recrawl_every_s == 21600.0
+
+
+@pytest.mark.parametrize(
+    ("lines", "bounds", "prior_s", "fixed"),
+    [
+        # The old key: a fixed cadence, every lead every 6 h whatever its history.
+        pytest.param("    recrawl_every: 6h\n", (21_600.0, 21_600.0), 21_600.0, True, id="recrawl_every-is-fixed"),
+        # Neither key: once a day, as before.
+        pytest.param("", (86_400.0, 86_400.0), 86_400.0, True, id="default-daily"),
+        # Bounds only: new leads start from their geometric mean (1 h and 100 h: 10 h).
+        pytest.param("    recrawl: {min: 1h, max: 100h}\n", (3_600.0, 360_000.0), 36_000.0, False, id="bounds-only"),
+        pytest.param("    recrawl: {min: 15m, max: 30d, every: 6h}\n", (900.0, 2_592_000.0), 21_600.0, False,
+                     id="bounds-and-every"),
+        pytest.param("    recrawl: {}\n", (3_600.0, 2_592_000.0), math.sqrt(3_600.0 * 2_592_000.0), False,
+                     id="defaults-1h-to-30d"),
+    ],
+)
+def test_recrawl_bounds_and_prior_from_the_file(lines: str, bounds: tuple[float, float], prior_s: float,
+                                                fixed: bool) -> None:
+    recrawl = parse(ALPHA + lines).get("alpha").recrawl
+    assert (recrawl.min_s, recrawl.max_s) == bounds
+    assert recrawl.prior_s == pytest.approx(prior_s) and recrawl.is_fixed is fixed
+
+
+def test_the_longest_a_lead_waits_is_the_fixed_cadence_or_the_learned_max() -> None:
+    assert parse(ALPHA + "    recrawl_every: 6h\n").get("alpha").recrawl_every_s == 21_600.0
+    assert parse(ALPHA + "    recrawl: {min: 1h, max: 30d}\n").get("alpha").recrawl_every_s == 2_592_000.0
+
+
+def test_recrawl_settings_default_from_the_defaults_block_and_survive_a_dump() -> None:
+    text = ALPHA.replace("sources:\n", "defaults:\n  recrawl: {min: 1h, max: 7d, closed_weight: 0.1}\nsources:\n")
+    spec = parse(text).get("alpha")
+    assert (spec.recrawl.min_s, spec.recrawl.max_s, spec.recrawl.closed_weight) == (3_600.0, 604_800.0, 0.1)
+    assert SourceSpec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+def test_a_spec_dumped_before_recrawl_existed_reads_as_its_fixed_cadence() -> None:
+    dumped = parse(ALPHA).get("alpha").model_dump(mode="json")
+    dumped.pop("recrawl")
+    dumped["recrawl_every_s"] = 21_600.0  # as case packages kept their sources
+    assert SourceSpec.model_validate(dumped).recrawl == RecrawlSpec.fixed(21_600.0)
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(2_592_000.0, "30d"), (3_600.0, "1h"), (900.0, "15m"), (90.0, "90s"),
+                                               (5_400.0, "90m"), (1.5, "1.5s")])
+def test_durations_read_back_as_the_file_writes_them(seconds: float, text: str) -> None:
+    assert duration_text(seconds) == text and parse_duration_s(text) == seconds
 
 
 # -- what a source may reach on a private network ---------------------------------------------------

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, inspect, select
 from investigations.collection.events import Outcome
 from investigations.pacing import GapSampler, RateLanes, aimd
 from investigations.pacing.lanes import LaneSpec
+from investigations.scheduling.cadence import ChangeHistory
 from investigations.scheduling.dispatch import plan_recurring
 from investigations.sources.specs import ThrottleSpec, parse_sources
 from investigations.store import StateStore
@@ -210,3 +211,37 @@ sources:
     assert store.source_incident("quiet") is None  # nothing on record until the planner's next pass
     (plan,) = plan_recurring(store, catalog, now=V5_AT + timedelta(minutes=1))
     assert plan.failing_since == V5_AT
+
+
+def test_a_version_9_database_migrates_and_each_lead_s_next_answer_is_compared_with_its_last_one(
+    engine: Engine, database: tuple[str, str | None]
+) -> None:
+    _, schema = database
+    assert migrate(engine, schema=schema, version=9) == 9
+    later = V5_AT + timedelta(hours=6)
+    with engine.begin() as conn:  # collections as version 9 code wrote them
+        conn.execute(s.collections.insert(), [
+            # its last answer had records: what its next is compared with
+            dict(source="robust", lead_id="domain-1", outcome="ok", records=3, content_hash="h1", path="p",
+                 run_id="r", last_attempt_at=V5_AT, last_success_at=V5_AT),
+            # failed since an answer with records: that answer still is the one to compare with
+            dict(source="robust", lead_id="domain-2", outcome="failed", records=2, content_hash="h2", path="p",
+                 run_id="r", last_attempt_at=later, last_success_at=V5_AT),
+            # empty, or never answered: nothing to compare with
+            dict(source="robust", lead_id="domain-3", outcome="empty", records=0, content_hash="h3", path="p",
+                 run_id="r", last_attempt_at=V5_AT, last_success_at=V5_AT),
+            dict(source="robust", lead_id="domain-4", outcome="failed", records=0, content_hash=None, path=None,
+                 run_id="r", last_attempt_at=V5_AT, last_success_at=None),
+        ])
+    store = StateStore(engine, schema=schema)
+    assert versions(engine) == list(range(1, s.SCHEMA_VERSION + 1))
+    with engine.connect() as conn:
+        columns = [(c["name"], c["nullable"]) for c in inspect(conn).get_columns("lead_visits", schema=schema)]
+    assert columns == [(c.name, c.nullable) for c in s.lead_visits.columns]
+    assert store.change_history("robust", "domain-1") == ChangeHistory(V5_AT.timestamp(), "h1")
+    assert store.change_history("robust", "domain-2") == ChangeHistory(V5_AT.timestamp(), "h2")
+    assert store.change_history("robust", "domain-3") is None and store.change_history("robust", "domain-4") is None
+    store.complete_collection(source="robust", lead_id="domain-1", outcome="ok", records=3, content_hash="h9",
+                              path="p", run_id="r2", now=later)
+    history = store.change_history("robust", "domain-1")
+    assert history is not None and history.visits == ((6 * 3600.0, True),)  # the first visit after the upgrade counts
