@@ -206,8 +206,12 @@ class PendingChecks:
 
 
 def materialization(spec: SourceSpec, result: CollectionResult, *, cost_usd: float | None = None,
-                    over_budget: bool = False) -> AssetMaterialization:
+                    over_budget: bool = False, change_rate_per_s: float | None = None) -> AssetMaterialization:
     extra: dict[str, Any] = {}
+    if change_rate_per_s is not None:
+        # How fast the lead's answer changes, as its visits say so far (scheduling/cadence.py): what
+        # its recurring cadence is planned on; `investigations leads list --cadence` says when next.
+        extra["changes_per_day"] = round(change_rate_per_s * 86_400, 4)
     if cost_usd is not None:
         extra["cost_usd"] = round(cost_usd, 6)
     if over_budget:
@@ -336,7 +340,8 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
             if isinstance(outcome, CollectionResult):
                 # Stored in the event log before the generator resumes, so its id is known.
                 cost = collection_cost_usd(spec, outcome.sent, prices)
-                yield materialization(spec, outcome, cost_usd=cost, over_budget=past_budget)
+                yield materialization(spec, outcome, cost_usd=cost, over_budget=past_budget,
+                                      change_rate_per_s=fleet.store.kept_change_rate(spec.name, lead_id))
                 if check_selected:
                     checks.add(lead_id, baselines.judge(lead_id, outcome.lead_kind, outcome.records,
                                                         outcome.common_fields), outcome.sample_keys)

@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     leads = sub.add_parser("leads", help="list leads with their cases and last collections, or add one")
     leads_sub = leads.add_subparsers(required=True, metavar="ACTION")
     leads_list = leads_sub.add_parser("list", help="every lead, its cases and last success per source")
+    leads_list.add_argument("--cadence", action="store_true",
+                            help="how often each source looks at each lead: its changes a day, next due, and why")
     leads_list.add_argument("--json", action="store_true")
     leads_list.set_defaults(func=_leads_list)
     leads_add = leads_sub.add_parser("add", help="register a lead, or every lead of a file, in a case "
@@ -336,8 +338,32 @@ def _printed_plainly(args: argparse.Namespace, rows: Sequence[Any], *, none: str
 
 
 def _leads_list(args: argparse.Namespace) -> int:
-    rows = _store(Settings.from_env()).leads_overview()
+    from investigations.scheduling.dispatch import lead_cadences
+    from investigations.sources.catalog import load_catalog
+
+    settings = Settings.from_env()
+    store = _store(settings)
+    rows = store.leads_overview()
+    # How each source looks at each lead it monitors: its changes a day, when next, and why.
+    catalog = load_catalog(settings.sources_path) if rows else None
+    now = datetime.now(UTC)
+    cadences = {spec.name: lead_cadences(store, spec, now=now) for spec in catalog.sources} if catalog else {}
+    for row in rows:
+        for source, coll in row["collections"].items():
+            view = cadences.get(source, {}).get(row["lead_id"])
+            coll["cadence"] = None if view is None else {
+                "changes_per_day": round(view.changes_per_day, 4), "interval_s": view.interval_s,
+                "next_due": view.next_due, "why": view.why}
     if _printed_plainly(args, rows, none="no leads"):
+        return 0
+    if args.cadence:
+        table = _table("lead", "source", "changes/day", "next due (UTC)", "why")
+        for row in rows:
+            for source, coll in sorted(row["collections"].items()):
+                if (cadence := coll["cadence"]) is not None:
+                    due = f"{cadence['next_due']:%Y-%m-%d %H:%M}" if cadence["next_due"] else "never"
+                    table.add_row(row["lead_id"], source, f"{cadence['changes_per_day']:.2g}", due, cadence["why"])
+        _print_table(table, whole=("lead", "source"))
         return 0
     table = _table("lead", "kind", "value", "cases", "source", "last outcome", "records", "last with records")
     for row in rows:

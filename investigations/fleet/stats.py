@@ -175,6 +175,9 @@ class SourceFigures:
     parked: dict[str, int] = field(default_factory=dict)
     evidence_bytes: int = 0  # WARC captures kept for the source
     evidence_usd: float = 0.0  # what keeping them costs (evidence_usd_per_gb)
+    # Share of the window's finished collections that were recurring crawls (the rest: fresh leads
+    # and backfills); None without any.
+    recurring_share: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -206,6 +209,7 @@ NUMERIC_FIGURES: dict[str, str] = {
     "records_per_usd": "records per USD over the window",
     "evidence_bytes": "bytes of WARC captures kept for the source",
     "evidence_usd": "what keeping the source's captures costs, USD (evidence_usd_per_gb)",
+    "recurring_share": "share of the window's finished collections that were recurring crawls",
 }
 
 
@@ -450,6 +454,11 @@ def fleet_figures(
             select(q.c.source, q.c.park_reason, func.count())
             .where(q.c.state == "queued", q.c.outcome == "parked").group_by(q.c.source, q.c.park_reason)).all()
         pool_size = conn.execute(select(func.count()).where(s.identities.c.active)).scalar() or 0
+        finished = conn.execute(
+            select(q.c.source, func.count(), func.coalesce(func.sum(case((q.c.priority_class == "recurring", 1),
+                                                                           else_=0)), 0))
+            .where(q.c.state == "done", q.c.finished_at >= since).group_by(q.c.source)).all()
+    recurring = {source: int(of_them) / total for source, total, of_them in finished if total}
     depths = store.queue_depths(now=now)
     standings = read_identity_standings(store, now=now, with_failures=False)
     counts = identity_counts(standings, catalog.names, pool_size=pool_size)
@@ -480,7 +489,8 @@ def fleet_figures(
             spend_window_usd=spent_window.get(spec.name, 0.0),
             parked=parked.get(spec.name),
             thresholds=thresholds,
-        ), evidence_bytes=kept.get(spec.name, 0), evidence_usd=evidence_cost_usd(spec, kept.get(spec.name, 0)))
+        ), evidence_bytes=kept.get(spec.name, 0), evidence_usd=evidence_cost_usd(spec, kept.get(spec.name, 0)),
+           recurring_share=recurring.get(spec.name))
         for spec in catalog.sources
     ]
 

@@ -50,8 +50,8 @@ from __future__ import annotations
 import math
 import statistics
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
 from investigations.sources.specs import SourceSpec
@@ -162,6 +162,7 @@ class RevisitPlan:
     spend_per_s: float
     short: bool = False
     intervals_s: tuple[float, ...] = ()  # every planned lead's interval, ascending
+    by_lead: Mapping[str, float] = field(default_factory=dict)  # each lead's interval (inf: never)
 
     @property
     def median_interval_s(self) -> float | None:
@@ -249,7 +250,8 @@ def plan_revisits(leads: Sequence[LeadCadence], *, now_s: float, min_s: float, m
     planned = sorted(interval for interval in intervals if interval != math.inf)
     return RevisitPlan(due=[lead_id for _, lead_id in due], scale=scale,
                        spend_per_s=sum(1 / interval for interval in planned), short=short,
-                       intervals_s=tuple(planned))
+                       intervals_s=tuple(planned),
+                       by_lead={lead.lead_id: interval for lead, interval in zip(leads, intervals, strict=True)})
 
 
 # -- a source's plan ----------------------------------------------------------------------------------
@@ -295,6 +297,30 @@ def plan_source(spec: SourceSpec, leads: Sequence[MonitoredLead], *, now_s: floa
     budget = recurring_budget_per_s(spec, total_weight=sum(lead.weight for lead in cadences))
     return plan_revisits(cadences, now_s=now_s, min_s=spec.recrawl.min_s, max_s=spec.recrawl.max_s,
                          budget_per_s=budget)
+
+
+def why(spec: SourceSpec, *, rate_per_s: float, interval_s: float, open_case: bool, short: bool = False) -> str:
+    """Why a lead is looked at as often as it is, in a line an operator reads."""
+    bounds = spec.recrawl
+    if interval_s == math.inf:
+        return "not collected again: only closed cases hold it"
+    if bounds.is_fixed:
+        return f"fixed cadence: every {_duration(interval_s)}"
+    text = f"changes about {rate_per_s * 86_400:.2g} time(s) a day, so every {_duration(interval_s)}"
+    if short:
+        return text + f" (the source's budget is short: every lead at its max, {_duration(bounds.max_s)})"
+    if interval_s <= bounds.min_s:
+        return text + f" (its min: it changes faster than the source looks, {_duration(bounds.min_s)})"
+    if interval_s >= bounds.max_s:
+        return text + f" (its max, {_duration(bounds.max_s)})"
+    return text + ("" if open_case else " (closed cases only: weighs less)")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 # -- a source's settings ----------------------------------------------------------------------------

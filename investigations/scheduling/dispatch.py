@@ -36,7 +36,7 @@ from investigations.collection.runwork import LINGER_S, OPEN_FOR_S
 from investigations.fleet.degradation import CanaryState, canary_answer_fails, canary_states, follow_canaries
 from investigations.identities.leasing import longest_hold_s
 from investigations.pacing import Circuits, jittered_start_s
-from investigations.scheduling.cadence import RevisitPlan, estimate_rates, plan_source, prior_rate_per_s
+from investigations.scheduling.cadence import RevisitPlan, estimate_rates, plan_source, prior_rate_per_s, why
 from investigations.scheduling.cost import over_budget, spend_today
 from investigations.scheduling.priority import PriorityClass
 from investigations.sources.specs import SourceCatalog, SourceSpec
@@ -438,6 +438,35 @@ def plan_cadence(store: StateStore, spec: SourceSpec, *, now: datetime) -> Revis
     leads, estimated = estimate_rates(leads, prior_rate_per_s(spec))
     store.keep_change_rates(spec.name, estimated, prior_s=prior_s)
     return plan_source(spec, leads, now_s=now.timestamp())
+
+
+@dataclass(frozen=True)
+class LeadCadenceView:
+    """How a source looks at one lead, as operators see it: its estimated changes a day, how
+    often it is collected, when next, and why."""
+
+    changes_per_day: float
+    interval_s: float
+    next_due: datetime | None  # None: not collected again
+    why: str
+
+
+def lead_cadences(store: StateStore, spec: SourceSpec, *, now: datetime) -> dict[str, LeadCadenceView]:
+    """Every lead `spec` monitors, by lead id: its cadence as the planner sees it now (read only: a
+    rate not kept for the current prior is estimated, not written back)."""
+    leads = store.cadence_leads(spec.name, lead_kinds=spec.lead_kinds, prior_s=spec.recrawl.prior_s,
+                                closed_too=spec.recrawl.closed_weight > 0)
+    filled, _ = estimate_rates(leads, prior_rate_per_s(spec))
+    plan = plan_source(spec, filled, now_s=now.timestamp())
+    views = {}
+    for lead in filled:
+        interval = plan.by_lead.get(lead.lead_id, math.inf)
+        due = None if interval == math.inf else datetime.fromtimestamp(lead.last_at_s + interval, now.tzinfo)
+        views[lead.lead_id] = LeadCadenceView(
+            (lead.rate_per_s or 0.0) * 86_400, interval, due,
+            why(spec, rate_per_s=lead.rate_per_s or 0.0, interval_s=interval, open_case=lead.open_case,
+                short=plan.short))
+    return views
 
 
 def plan_recurring(

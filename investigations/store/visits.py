@@ -98,6 +98,13 @@ class VisitTables(Tables):
         with self.reading() as conn:
             return [_monitored(row, prior_s) for row in conn.execute(query)]
 
+    def kept_change_rate(self, source: str, lead_id: str) -> float | None:
+        """The lead's changes per second as estimated at its last visit by `source` (None: no visit
+        with records yet)."""
+        t = s.lead_visits
+        with self.reading() as conn:
+            return conn.execute(select(t.c.rate_per_s).where(t.c.source == source, t.c.lead_id == lead_id)).scalar()
+
     def keep_change_rates(self, source: str, rates: Mapping[str, float], *, prior_s: float) -> None:
         """Keep rates the planner estimated for a prior of `prior_s` seconds (its source's prior
         changed since they were kept), so the next pass reads them."""

@@ -84,6 +84,9 @@ def test_a_lead_s_first_records_are_first_seen_and_the_same_again_adds_nothing(w
     again = _materialize(spec, lead, instance)
     (mat,) = again.asset_materializations_for_node("sources__robust")
     assert [mat.metadata[k].value for k in ("first_seen", "added", "removed", "modified")] == [0, 0, 0, 0]
+    # One visit, seconds after the first answer, unchanged: it says next to nothing yet, so the lead's
+    # estimated changes a day are still its source's prior (once per recrawl interval).
+    assert mat.metadata["changes_per_day"].value == pytest.approx(86_400 / spec.recrawl.prior_s, rel=1e-3)
 
 
 def test_without_an_identities_file_the_materialization_names_the_direct_identity(world) -> None:

@@ -149,6 +149,16 @@ def test_freshness_counts_only_collections_with_records_within_the_cadence(store
     assert api.stalest_age_s == (2 * day).total_seconds()
 
 
+def test_the_recurring_share_counts_the_window_s_finished_collections_by_class(store: StateStore) -> None:
+    for n, klass in enumerate(("recurring", "recurring", "recurring", "interactive")):
+        store.enqueue([("api", f"lead-{n}")], origin=f"t{n}", priority_class=klass, now=NOW - timedelta(minutes=5))
+    store.dispatch("api", limit=10, now=NOW - timedelta(minutes=4))
+    for n in range(4):
+        store.finish_dispatched("api", f"lead-{n}", outcome="ok", now=NOW - timedelta(minutes=3))
+    api, quiet = fleet_figures(store, CATALOG, now=NOW, window_s=WINDOW_S)
+    assert (api.recurring_share, quiet.recurring_share) == (0.75, None)
+
+
 NOW_S = NOW.timestamp()
 IDENTITIES = [{"identity_id": i, "tier": "datacenter", "range": r, "active": True}
               for i, r in (("a", "dc1"), ("b", "dc1"), ("c", "dc2"), ("d", "dc2"), ("e", "dc3"))]
