@@ -454,11 +454,15 @@ def fleet_figures(
             select(q.c.source, q.c.park_reason, func.count())
             .where(q.c.state == "queued", q.c.outcome == "parked").group_by(q.c.source, q.c.park_reason)).all()
         pool_size = conn.execute(select(func.count()).where(s.identities.c.active)).scalar() or 0
-        finished = conn.execute(
-            select(q.c.source, func.count(), func.coalesce(func.sum(case((q.c.priority_class == "recurring", 1),
-                                                                           else_=0)), 0))
-            .where(q.c.state == "done", q.c.finished_at >= since).group_by(q.c.source)).all()
-    recurring = {source: int(of_them) / total for source, total, of_them in finished if total}
+        # The window's finished rows by their finish time (ix_queue_finished_at), counted here: grouped
+        # in SQL, SQLite walks the source index over every row the queue ever held instead.
+        finished: Counter[str] = Counter()
+        of_recurring: Counter[str] = Counter()
+        for source, priority_class in conn.execute(
+                select(q.c.source, q.c.priority_class).where(q.c.finished_at >= since, q.c.state == "done")):
+            finished[source] += 1
+            of_recurring[source] += priority_class == "recurring"
+    recurring = {source: of_recurring[source] / total for source, total in finished.items()}
     depths = store.queue_depths(now=now)
     standings = read_identity_standings(store, now=now, with_failures=False)
     counts = identity_counts(standings, catalog.names, pool_size=pool_size)

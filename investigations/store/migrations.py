@@ -159,6 +159,12 @@ def _add_lead_visits(conn: Connection, schema: str | None) -> None:
         "WHERE records > 0 AND content_hash IS NOT NULL AND last_success_at IS NOT NULL"))
 
 
+def _index_queue_finished_at(conn: Connection, schema: str | None) -> None:
+    queue = _qualified(conn, "collection_queue", schema)
+    index = conn.dialect.identifier_preparer.quote("ix_queue_finished_at")
+    conn.execute(text(f"CREATE INDEX {index} ON {queue} (finished_at)"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     1: _create_base,
     2: _create_flow_control,
@@ -173,6 +179,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     8: _add_collectors,
     9: _add_source_incidents,
     10: _add_lead_visits,
+    11: _index_queue_finished_at,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -222,6 +222,9 @@ collection_queue = Table(
     UniqueConstraint("source", "lead_id", "origin", name="uq_queue_source_lead_origin"),
     Index("ix_queue_source_state", "source", "state", "not_before"),
     Index("ix_queue_handover_key", "handover_key"),
+    # Version 11: the window's finished rows (the fleet figures' recurring share), read every minute
+    # and at every scrape: without it, a scan of every row the queue ever held.
+    Index("ix_queue_finished_at", "finished_at"),
 )
 
 
