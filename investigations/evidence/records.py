@@ -228,10 +228,12 @@ class ChangeLog:
 
     def read(self, lead_ids: Sequence[str], *, since: datetime | None = None) -> list[dict[str, Any]]:
         """Every change of these leads (across sources) at or after `since`, oldest first."""
-        wanted, seen, out = set(lead_ids), set(), []
-        for path in sorted(self.root.glob("*/*.jsonl")):
-            if path.stem not in wanted:
-                continue
+        seen, out = set(), []
+        # Each lead's file in each source's folder, looked up by name: not every file of the fleet.
+        sources = sorted(folder for folder in self.root.iterdir() if folder.is_dir()) if self.root.is_dir() else []
+        paths = [path for folder in sources for lead_id in sorted(set(lead_ids))
+                 if (path := folder / f"{lead_id}.jsonl").is_file()]
+        for path in paths:
             for text in path.read_text(encoding="utf-8").splitlines():
                 try:
                     change = json.loads(text)
