@@ -318,7 +318,8 @@ def _changes(args: argparse.Namespace) -> int:
         else:
             what = ", ".join(f"{sign}{len(row[name])} {name}" for sign, name in (("+", "added"), ("-", "removed"),
                                                                                   ("~", "modified")) if row[name])
-            keys = [*row["added"], *row["removed"], *row["modified"]]
+            keys = [*(f"+{k}" for k in row["added"]), *(f"-{k}" for k in row["removed"]),
+                    *(f"~{k}" for k in row["modified"])]
         shown = ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
         table.add_row(f"{row['at']:%Y-%m-%d %H:%M}", row["source"], row["lead"], what, shown)
     _print_table(table, whole=("source",))
