@@ -14,11 +14,14 @@ from dagster import (
     AssetSelection,
     MaterializeResult,
     MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
     asset,
     define_asset_job,
 )
 
-from investigations.fleet.stats import NUMERIC_FIGURES, SourceFigures, fleet_figures
+from investigations.fleet.stats import NUMERIC_FIGURES, LaneStanding, SourceFigures, fleet_figures, lane_standings
 from investigations.pacing import Circuits
 from investigations.sources.specs import SourceCatalog
 from resources.fleet import FleetResource
@@ -67,6 +70,17 @@ def dead_letters(fleet: FleetResource) -> MaterializeResult:
 UI_PLOTTED_KEYS = 100
 # Fleet-wide sums plotted on fleet/health itself.
 FLEET_SUMS = ("backlog", "in_flight", "requests_per_min", "records_per_min", "dead_letters", "spend_today_usd")
+# A source's pacing, plotted besides its figures: its own lane's rate in use and learned ceiling, r/s.
+PACING_FIGURES = ("rate_in_use_per_s", "ceiling_rate_per_s")
+# The `pacing` table of a source: its own lane ("-") and each of its identities' lanes.
+PACING_SCHEMA = TableSchema(columns=[
+    TableColumn("identity", "string", description="the identity's lane at the source; -: the source's own lane"),
+    TableColumn("configured_per_s", "float", description="the rate sources.yaml configures, r/s"),
+    TableColumn("in_use_per_s", "float", description="the rate the lane sends at now (configured x its factor), r/s"),
+    TableColumn("ceiling_per_s", "float", description="the learned ceiling: the rate the source last throttled the "
+                                                      "lane at, r/s; empty if it never did"),
+    TableColumn("ceiling_age_s", "int", description="seconds since the source throttled at the ceiling"),
+])
 
 
 HEALTHY_CHECK = "healthy"
@@ -92,18 +106,21 @@ def healthy_check(source: str, metadata: dict[str, Any]) -> AssetCheckEvaluation
 
 def fleet_health_metadata(fleet: FleetResource) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """fleet/health's metadata (every source's verdict and why, the unhealthy ones, fleet-wide sums)
-    and each source's own (`fleet/sources/<source>`: its verdict and one numeric entry per figure).
+    and each source's own (`fleet/sources/<source>`: its verdict, one numeric entry per figure, and
+    its pacing).
 
     Every figure is a numeric entry the UI plots over time, each source's on its own asset so that
     none falls past the UI's limit whatever the number of sources; a figure without a value (a rate
     with no requests) is left out rather than plotted as 0. The verdicts are `investigations fleet`'s."""
     store = fleet.store
     circuits = {source: state.state for source, state in Circuits(store).all_states().items()}
-    return health_metadata(fleet_figures(store, fleet.catalog, circuits=circuits, data_dir=fleet.settings().data_dir))
+    figures = fleet_figures(store, fleet.catalog, circuits=circuits, data_dir=fleet.settings().data_dir)
+    return health_metadata(figures, lanes=lane_standings(store, fleet.catalog))
 
 
-def health_metadata(figures: Sequence[SourceFigures]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """`fleet_health_metadata` from the sources' figures."""
+def health_metadata(figures: Sequence[SourceFigures], *, lanes: Sequence[LaneStanding] = ()
+                    ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """`fleet_health_metadata` from the sources' figures and their rate lanes."""
     per_source: dict[str, dict[str, Any]] = {}
     for f in figures:
         own: dict[str, Any] = {"health": f.health, "why": f.health_reason or "-"}
@@ -111,6 +128,7 @@ def health_metadata(figures: Sequence[SourceFigures]) -> tuple[dict[str, Any], d
             value = getattr(f, name)
             if value is not None:
                 own[name] = MetadataValue.float(float(value))
+        own.update(pacing_metadata([lane for lane in lanes if lane.source == f.source]))
         per_source[f.source] = own
     rows = ["| source | health | why |", "|---|---|---|"]
     rows += [f"| [{f.source}](/assets/fleet/sources/{f.source}) | {f.health} | {f.health_reason or '-'} |"
@@ -120,6 +138,27 @@ def health_metadata(figures: Sequence[SourceFigures]) -> tuple[dict[str, Any], d
             for name in FLEET_SUMS}
     overview = {"unhealthy": MetadataValue.json(unhealthy), "health": MetadataValue.md("\n".join(rows)), **sums}
     return overview, per_source
+
+
+def pacing_metadata(lanes: Sequence[LaneStanding]) -> dict[str, Any]:
+    """One source's pacing from its lanes: the rate its own lane uses and the ceiling it learned, each
+    plotted (left out while unknown: no ceiling before the source throttles, nothing before the
+    lane's first request), and a `pacing` table of every lane, its own first (none without a lane)."""
+    out: dict[str, Any] = {}
+    shared = next((lane for lane in lanes if lane.identity_id is None), None)
+    if shared is not None:
+        out["rate_in_use_per_s"] = MetadataValue.float(round(shared.in_use_per_s, 3))
+        if shared.ceiling_per_s is not None:
+            out["ceiling_rate_per_s"] = MetadataValue.float(round(shared.ceiling_per_s, 3))
+    if lanes:
+        out["pacing"] = MetadataValue.table([TableRecord({
+            "identity": lane.identity_id or "-",
+            "configured_per_s": lane.configured_per_s,
+            "in_use_per_s": round(lane.in_use_per_s, 3),
+            "ceiling_per_s": None if lane.ceiling_per_s is None else round(lane.ceiling_per_s, 3),
+            "ceiling_age_s": None if lane.ceiling_age_s is None else round(lane.ceiling_age_s),
+        }) for lane in lanes], schema=PACING_SCHEMA)
+    return out
 
 
 @asset(key=HEALTH_KEY, group_name=FLEET_GROUP, kinds={"sql"})
@@ -141,8 +180,8 @@ def build_source_health_assets(catalog: SourceCatalog) -> list[AssetsDefinition]
                check_specs=[AssetCheckSpec(HEALTHY_CHECK, asset=source_health_key(source),
                                            description=f"{source}'s verdict is ok or idle (what `investigations "
                                                        "fleet` says): fails with the reason otherwise.")],
-               description=f"{source}'s health verdict and figures, one plot per figure (reported every minute "
-                           "by fleet_health_every_minute; materialize to refresh now).")
+               description=f"{source}'s health verdict, figures and pacing, one plot per figure (reported every "
+                           "minute by fleet_health_every_minute; materialize to refresh now).")
         def source_health(fleet: FleetResource) -> MaterializeResult:
             _, per_source = fleet_health_metadata(fleet)
             metadata = per_source.get(source, {"health": "unknown source"})

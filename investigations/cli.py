@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import sys
 import time
@@ -575,10 +574,11 @@ def _fleet(args: argparse.Namespace) -> int:
 
 def _fleet_rows(settings: Settings, *, hours: float, window_s: float) -> list[dict[str, Any]]:
     """Per source: the fleet figures (investigations.fleet.stats), the request outcomes over `hours`,
-    the queue, the circuit and the lane's current rate."""
-    from investigations.fleet.stats import fleet_figures
-    from investigations.pacing import Circuits, GapSampler, RateLanes
-    from investigations.pacing.aimd import NEVER_CUT_S
+    the queue, the circuit and its pacing: the source lane's rates (in use, configured, the learned
+    ceiling) and, as plain dicts, the source lane (`source_lane`, None before its first request) and
+    its identities' lanes (`lanes`)."""
+    from investigations.fleet.stats import fleet_figures, lane_standings
+    from investigations.pacing import Circuits
     from investigations.sources.catalog import load_catalog
     from investigations.store import QUEUE_DEPTH_KEYS
 
@@ -588,13 +588,13 @@ def _fleet_rows(settings: Settings, *, hours: float, window_s: float) -> list[di
     summary = {row["source"]: row for row in store.fleet_summary(since=now - timedelta(hours=hours))}
     depths = store.queue_depths(now=now)
     circuits = {source: state.state for source, state in Circuits(store).all_states().items()}
-    lanes = {lane.lane: lane for lane in RateLanes(store, sampler=GapSampler(random.Random())).all_states()}
+    lanes = [_lane_json(lane) for lane in lane_standings(store, catalog, now.timestamp())]
     figures = {f.source: f for f in fleet_figures(store, catalog, now=now, window_s=window_s, circuits=circuits,
                                                    data_dir=settings.data_dir)}
     rows = []
     for spec in catalog.sources:
         stats = summary.get(spec.name, {"requests": 0, "outcomes": {}, "latency_ms": 0.0, "last_at": None})
-        lane = lanes.get(f"source:{spec.name}")
+        shared = next((lane for lane in lanes if lane["source"] == spec.name and lane["identity_id"] is None), None)
         rows.append({
             **figures[spec.name].as_dict(),
             "requests": stats["requests"],
@@ -603,13 +603,25 @@ def _fleet_rows(settings: Settings, *, hours: float, window_s: float) -> list[di
             "mean_latency_ms": round(stats["latency_ms"], 1),
             "last_request_at": stats["last_at"],
             "queue": depths.get(spec.name, dict.fromkeys(QUEUE_DEPTH_KEYS, 0)),
-            "rate_per_s": round(spec.rate.source_per_s * (lane.rate_factor if lane else 1.0), 3),
+            "rate_per_s": shared["in_use_per_s"] if shared else spec.rate.source_per_s,
             "configured_rate_per_s": spec.rate.source_per_s,
             # The rate the source last throttled at, once it has: the lane settles just under it.
-            "ceiling_rate_per_s": (round(spec.rate.source_per_s * lane.ceiling_factor, 3)
-                                   if lane and lane.last_cut_s != NEVER_CUT_S else None),
+            "ceiling_rate_per_s": shared["ceiling_per_s"] if shared else None,
+            "source_lane": shared,
+            "lanes": [lane for lane in lanes if lane["source"] == spec.name and lane["identity_id"] is not None],
         })
     return rows
+
+
+def _lane_json(lane: Any) -> dict[str, Any]:
+    """A `LaneStanding` as the fleet's JSON gives it: rates to the thousandth, ages to the tenth of a second."""
+    from dataclasses import asdict
+
+    out = asdict(lane)
+    for key, digits in (("in_use_per_s", 3), ("ceiling_per_s", 3), ("ceiling_age_s", 1)):
+        if out[key] is not None:
+            out[key] = round(out[key], digits)
+    return out
 
 
 # The fleet table's columns after `source`: what each source is doing, then what it holds and costs.
@@ -644,6 +656,38 @@ def _print_fleet(args: argparse.Namespace) -> None:
     for row in rows:
         for reason, count in sorted(row["parked"].items(), key=lambda item: -item[1]):
             console.print(f"  {row['source']}: {count} parked: {reason}", highlight=False, markup=False)
+    _print_pacing(rows, console)
+
+
+# The pacing table's columns: a lane (its source, and its identity or "-" for the source's own lane) and
+# what its pacing has learned, in requests per second.
+_PACING = ("source", "identity", "configured r/s", "in use r/s", "learned ceiling r/s", "ceiling age")
+
+
+def _print_pacing(rows: Sequence[dict[str, Any]], console: Console) -> None:
+    """Each lane that has sent (or been throttled), the source's own lane before its identities': the
+    configured rate, the rate in use and the learned ceiling, with how long ago the source throttled
+    at it ("-": never), and a line for each lane a Retry-After still holds."""
+    lanes = [lane for row in rows for lane in ([row["source_lane"]] if row["source_lane"] else []) + row["lanes"]]
+    if not lanes:
+        return
+    table = _table(*_PACING, title="pacing: each lane's rates now", right=_PACING[2:], rules=False)
+    for lane in lanes:
+        ceiling = lane["ceiling_per_s"]
+        table.add_row(lane["source"], lane["identity_id"] or "-", _rate(lane["configured_per_s"]),
+                      _rate(lane["in_use_per_s"]), "-" if ceiling is None else _rate(ceiling),
+                      _age(lane["ceiling_age_s"]))
+    _print_table(table, whole=("source", "identity"), console=console)
+    now_s = time.time()
+    for lane in lanes:
+        if lane["floor_until_s"] is not None and lane["floor_until_s"] > now_s:
+            name = lane["source"] + (f" ({lane['identity_id']})" if lane["identity_id"] else "")
+            console.print(f"  {name}: held by a Retry-After for {_age(lane['floor_until_s'] - now_s)}",
+                          highlight=False, markup=False)
+
+
+def _rate(per_s: float) -> str:
+    return f"{round(per_s, 3):g}"
 
 
 def _fleet_cells(row: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,8 @@ conventions, so rates, ratios and quantiles are Prometheus' to compute, over any
   dispatched rows once done, never changed again; see `stats.FleetTotals`);
 - a histogram of request latency in seconds (the fetch log's `latency_ms`);
 - gauges for states only: the queue, identities, circuits, dead letters, freshness, records held,
-  spend today, the budget, evidence kept, and each source's health verdict.
+  spend today, the budget, evidence kept, each source's health verdict, and each rate lane's
+  pacing (its configured rate, the rate it uses now and the ceiling it learned).
 
 The collector keeps one `stats.TotalsReader`, so a scrape reads only the rows written since the
 ones it already summed (the first scrape after a start reads the whole fetch log once).
@@ -19,8 +20,10 @@ The window figures of the old exposition (`_per_min`, `_rate`, `_p50_ms`, `_p95_
 `rate(investigations_requests_total[5m])` and `histogram_quantile(0.95, ...)` over
 `investigations_request_duration_seconds_bucket` compute them, over any range.
 
-Nothing here carries a URL, an error text, an identity or a proxy: labels are source names and fixed
-vocabularies (outcomes, states, priority classes).
+Nothing here carries a URL, an error text, a credential or a proxy: labels are source names, fixed
+vocabularies (outcomes, states, priority classes) and, on the pacing gauges only, the identity ids of
+the lanes (the names the identities file gives them, as the fetch log and run metadata do;
+`identity=""` is the source's own lane).
 """
 
 from __future__ import annotations
@@ -45,10 +48,12 @@ from investigations.fleet.stats import (
     LATENCY_BUCKETS_MS,
     QUEUE_STATES,
     FleetTotals,
+    LaneStanding,
     RequestTotals,
     SourceFigures,
     TotalsReader,
     fleet_figures,
+    lane_standings,
 )
 from investigations.pacing import Circuits
 from investigations.pacing.circuit import CircuitStateName
@@ -87,6 +92,7 @@ class FleetCollector(Collector):
         yield _collection_counter(totals, sources)
         yield _latency_histogram(totals, sources)
         yield from _state_gauges(figures, totals, now=now)
+        yield from _pacing_gauges(lane_standings(self._store, self._catalog, now.timestamp()))
 
 
 def _ordered(first: Sequence[str], *more: Iterable[str]) -> list[str]:
@@ -227,6 +233,27 @@ def _leads_and_money(figures: Sequence[SourceFigures]) -> Iterator[Metric]:
         evidence.add_metric([f.source], f.evidence_bytes)
         evidence_usd.add_metric([f.source], f.evidence_usd)
     yield from (monitored, stalest, spend, budget, evidence, evidence_usd)
+
+
+def _pacing_gauges(lanes: Sequence[LaneStanding]) -> Iterator[Metric]:
+    """Each rate lane with a row (it sent, or was throttled), of a configured source: `identity` is the
+    lane's identity id, "" for the source's own lane (shared by every identity)."""
+    labels = ["source", "identity"]
+    configured = GaugeMetricFamily(f"{PREFIX}pacing_configured_rate_per_second",
+                                   "the lane's rate as sources.yaml configures it, requests per second", labels=labels)
+    in_use = GaugeMetricFamily(f"{PREFIX}pacing_rate_per_second",
+                               "the rate the lane sends at now: the configured rate times its AIMD factor, requests "
+                               "per second", labels=labels)
+    ceiling = GaugeMetricFamily(f"{PREFIX}pacing_ceiling_rate_per_second",
+                                "the lane's learned ceiling: the rate the source last throttled it at, requests per "
+                                "second; absent for a lane never throttled", labels=labels)
+    for lane in lanes:
+        key = [lane.source, lane.identity_id or ""]
+        configured.add_metric(key, lane.configured_per_s)
+        in_use.add_metric(key, lane.in_use_per_s)
+        if lane.ceiling_per_s is not None:
+            ceiling.add_metric(key, lane.ceiling_per_s)
+    yield from (configured, in_use, ceiling)
 
 
 def fleet_registry(store: StateStore, catalog: SourceCatalog, *, window_s: float = DEFAULT_WINDOW_S,

@@ -17,15 +17,21 @@ Besides these window figures, `/metrics` reads cumulative totals (`FleetTotals`,
 `TotalsReader`): every request of the fetch log and every collection the queue saw finish, since the
 store began, so Prometheus computes rates over any range itself.
 
-The computing functions are pure over plain rows (`figures_for`, `health_of`, `identity_standings`);
-`fleet_figures` reads the rows and calls them. Only freshness is summed up in SQL (`Freshness`): a
-fleet may monitor a great many leads, and a row for each would cost more than the rest together.
+Pacing, now: each rate lane's configured rate, the rate it uses and the ceiling it learned
+(`lane_standings`, from the lanes' rows).
+
+The computing functions are pure over plain rows (`figures_for`, `health_of`, `identity_standings`,
+`standings_of_lanes`); `fleet_figures` and `lane_standings` read the rows and call them. Only
+freshness is summed up in SQL (`Freshness`): a fleet may monitor a great many leads, and a row for
+each would cost more than the rest together.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -37,6 +43,9 @@ from sqlalchemy import BigInteger, Connection, and_, case, cast, func, select, t
 
 from investigations.collection.events import Outcome
 from investigations.evidence.captures import evidence_bytes_by_source
+from investigations.pacing import GapSampler, RateLanes
+from investigations.pacing.aimd import NEVER_CUT_S
+from investigations.pacing.lanes import LaneState, identity_lane_name, source_lane
 from investigations.scheduling.cost import (
     Usage,
     evidence_cost_usd,
@@ -525,6 +534,68 @@ def _group(rows: Iterable[Any]) -> dict[str, list[Any]]:
     for row in rows:
         grouped[row.source].append(row)
     return grouped
+
+
+# -- pacing: what the rate lanes learned -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaneStanding:
+    """One rate lane now, in requests per second: the source's shared lane (`identity_id` None) or
+    one identity's lane at the source.
+
+    `in_use_per_s` is the configured rate times the lane's AIMD factor. `ceiling_per_s` is the rate
+    the source last throttled the lane at, the learned ceiling the lane settles just under; None
+    (and no age) when it never did, so the configured rate is the only limit known. A Retry-After
+    still ahead holds the lane until `floor_until_s` (epoch s) whatever its rate."""
+
+    source: str
+    identity_id: str | None
+    configured_per_s: float
+    in_use_per_s: float
+    ceiling_per_s: float | None = None
+    ceiling_age_s: float | None = None
+    floor_until_s: float | None = None
+
+
+def standings_of_lanes(states: Iterable[LaneState], catalog: SourceCatalog, *, now_s: float) -> list[LaneStanding]:
+    """Each lane of `states` that belongs to a configured source, in catalog order, the source's lane
+    before its identities' (by id). A lane of a source no longer configured is left out: its
+    configured rate is gone, and no request uses the lane any more."""
+    by_name = {state.lane: state for state in states}
+    out: list[LaneStanding] = []
+    for spec in catalog.sources:
+        own = by_name.get(source_lane(spec).name)
+        if own is not None:
+            out.append(_standing(spec.name, None, spec.rate.source_per_s, own, now_s=now_s))
+        prefix = identity_lane_name(spec.name, "")
+        identities = sorted(((name.removeprefix(prefix), state) for name, state in by_name.items()
+                             if name.startswith(prefix) and name != prefix), key=lambda item: item[0])
+        out += [_standing(spec.name, identity, spec.rate.identity_per_s, state, now_s=now_s)
+                for identity, state in identities]
+    return out
+
+
+def _standing(source: str, identity_id: str | None, configured_per_s: float, state: LaneState, *,
+              now_s: float) -> LaneStanding:
+    cut = state.last_cut_s != NEVER_CUT_S
+    return LaneStanding(
+        source=source, identity_id=identity_id, configured_per_s=configured_per_s,
+        in_use_per_s=configured_per_s * state.rate_factor,
+        ceiling_per_s=configured_per_s * state.ceiling_factor if cut else None,
+        # Another process's clock may run a little ahead: a cut is never in the future.
+        ceiling_age_s=max(0.0, now_s - state.last_cut_s) if cut else None,
+        floor_until_s=state.not_before_s if state.not_before_s > now_s else None,
+    )
+
+
+def lane_standings(store: StateStore, catalog: SourceCatalog, now_s: float | None = None) -> list[LaneStanding]:
+    """Every rate lane the store holds a row for, as `standings_of_lanes` gives them (now: the clock).
+    A lane gets its row at its first request (or throttle): a source or identity that never sent has
+    none, and is left out."""
+    # The sampler draws slot lengths; reading the lanes draws none.
+    states = RateLanes(store, sampler=GapSampler(random.Random())).all_states()
+    return standings_of_lanes(states, catalog, now_s=time.time() if now_s is None else now_s)
 
 
 # -- cumulative totals (the `/metrics` counters) ----------------------------------------------------

@@ -70,9 +70,56 @@ def test_each_source_s_figures_are_numeric_entries_of_its_own_asset(sandbox_env)
     assert "robust" in overview.metadata["unhealthy"].value
 
 
+def test_each_source_s_asset_plots_its_lane_s_rate_in_use_and_ceiling_and_lists_its_lanes(sandbox_env) -> None:
+    import random
+    import time
+
+    from dagster import DagsterInstance
+
+    from assets.fleet import PACING_FIGURES, build_source_health_assets, source_health_key
+    from investigations.collection.events import Outcome
+    from investigations.pacing import GapSampler, RateLanes
+    from investigations.pacing.lanes import identity_lane, source_lane
+    from investigations.sources.catalog import load_catalog
+
+    settings = Settings.from_env()
+    store = StateStore.from_url(settings.database_url)
+    catalog = load_catalog(settings.sources_path)
+    fragile, robust = catalog.get("fragile"), catalog.get("robust")
+    cut_s = time.time() - 120
+    lanes = RateLanes(store, sampler=GapSampler(random.Random(1)), clock=lambda: cut_s)
+    lanes.feedback([source_lane(fragile)], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=fragile.throttle)
+    lanes.feedback([identity_lane(fragile, "dc1_a")], outcome=Outcome.OK, retry_after_s=None, throttle=fragile.throttle)
+    lanes.feedback([identity_lane(robust, "dc1_a")], outcome=Outcome.OK, retry_after_s=None, throttle=robust.throttle)
+    with DagsterInstance.ephemeral() as instance:
+        assert materialize(build_source_health_assets(catalog), resources={"fleet": FleetResource()},
+                           instance=instance).success
+        own = {name: instance.get_latest_materialization_event(source_health_key(name)).asset_materialization.metadata
+               for name in ("fragile", "robust", "quiet")}  # read back from Dagster
+    rate = fragile.rate.source_per_s
+    assert own["fragile"]["rate_in_use_per_s"].value == rate * fragile.throttle.decrease_factor
+    assert own["fragile"]["ceiling_rate_per_s"].value == rate  # throttled at the configured rate
+    table = own["fragile"]["pacing"]
+    assert [column.name for column in table.schema.columns] == [
+        "identity", "configured_per_s", "in_use_per_s", "ceiling_per_s", "ceiling_age_s"]
+    (shared, identity) = (record.data for record in table.records)
+    assert shared["identity"] == "-" and shared["ceiling_per_s"] == rate and 119 <= shared["ceiling_age_s"] <= 125
+    assert identity == {"identity": "dc1_a", "configured_per_s": fragile.rate.identity_per_s,
+                        "in_use_per_s": fragile.rate.identity_per_s, "ceiling_per_s": None, "ceiling_age_s": None}
+    # Robust's own lane never sent: nothing plotted for it, only its identity's lane listed.
+    assert not set(PACING_FIGURES) & set(own["robust"])
+    assert [record.data["identity"] for record in own["robust"]["pacing"].records] == ["dc1_a"]
+    assert "pacing" not in own["quiet"]  # no lane at all
+
+
 def test_no_asset_carries_more_numeric_entries_than_the_ui_plots(sandbox_env) -> None:
-    from assets.fleet import UI_PLOTTED_KEYS, health_metadata
-    from investigations.fleet.stats import fleet_figures
+    import random
+
+    from assets.fleet import PACING_FIGURES, UI_PLOTTED_KEYS, health_metadata
+    from investigations.collection.events import Outcome
+    from investigations.fleet.stats import fleet_figures, lane_standings
+    from investigations.pacing import GapSampler, RateLanes
+    from investigations.pacing.lanes import identity_lane, source_lane
     from investigations.sources.specs import parse_sources
 
     # Forty sources: five were enough to push one asset's figures past the UI's limit.
@@ -80,10 +127,15 @@ def test_no_asset_carries_more_numeric_entries_than_the_ui_plots(sandbox_env) ->
         f"  - {{name: s{i}, adapter: json_api, lead_kinds: [domain], request: {{url: 'https://s{i}.example/{{value}}'}}}}\n"
         for i in range(40)))
     store = StateStore.from_url(Settings.from_env().database_url)
-    for i in range(40):
-        store.put_dead_letter(source=f"s{i}", lead_id="l1", reason_group="transient", last_status=503, attempts=4,
+    lanes = RateLanes(store, sampler=GapSampler(random.Random(1)))
+    for spec in catalog.sources:
+        store.put_dead_letter(source=spec.name, lead_id="l1", reason_group="transient", last_status=503, attempts=4,
                               last_error="HTTP 503")
-    overview, per_source = health_metadata(fleet_figures(store, catalog, circuits={}))
+        # Every source throttled, on its own lane and its identities': each plots its pacing too.
+        lanes.feedback([source_lane(spec), *(identity_lane(spec, f"id{n}") for n in range(5))],
+                       outcome=Outcome.THROTTLED, retry_after_s=None, throttle=spec.throttle)
+    overview, per_source = health_metadata(fleet_figures(store, catalog, circuits={}),
+                                           lanes=lane_standings(store, catalog))
 
     def plotted(metadata: dict) -> int:
         return sum(isinstance(getattr(value, "value", value), int | float) and not isinstance(value, bool)
@@ -92,3 +144,4 @@ def test_no_asset_carries_more_numeric_entries_than_the_ui_plots(sandbox_env) ->
     assert len(per_source) == 40
     assert max(plotted(metadata) for metadata in (overview, *per_source.values())) <= UI_PLOTTED_KEYS
     assert plotted(per_source["s0"]) >= 5  # the figures are there, as numbers
+    assert all(isinstance(per_source["s0"][name].value, float) for name in PACING_FIGURES)  # and the pacing

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from investigations.collection.events import Outcome
 from investigations.config import Settings
 from investigations.intake.leads import normalize_lead
 from investigations.pacing import Circuits, GapSampler, RateLanes
-from investigations.pacing.lanes import source_lane
+from investigations.pacing.lanes import identity_lane, source_lane
 from investigations.sources.specs import load_sources
 from investigations.store import StateStore
 
@@ -182,6 +183,82 @@ def test_fleet_watch_refreshes_until_interrupted(state, monkeypatch, capsys) -> 
     assert naps == [0.5, 0.5] and len(lines) == 2  # one JSON document per refresh, one per line
     assert {row["source"] for row in json.loads(lines[1])} >= {"robust", "quiet"}
     assert main(["fleet", "--watch", "0"]) == 2
+
+
+
+def _paced(store: StateStore) -> float:
+    """Lanes as the fetcher's feedback leaves them, five minutes ago: fragile throttled on its own
+    lane (sent directly) and on its identity dc1_a's, robust and its identity dc1_b never throttled.
+    Returns when."""
+    catalog = load_sources(SOURCES)
+    fragile, robust = catalog.get("fragile"), catalog.get("robust")
+    at_s = time.time() - 300
+    lanes = RateLanes(store, sampler=GapSampler(random.Random(1)), clock=lambda: at_s)
+    lanes.feedback([identity_lane(fragile, "dc1_a")], outcome=Outcome.THROTTLED, retry_after_s=None,
+                   throttle=fragile.throttle, pooled_identity=True)
+    lanes.feedback([source_lane(fragile)], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=fragile.throttle)
+    lanes.feedback([source_lane(robust), identity_lane(robust, "dc1_b")], outcome=Outcome.OK, retry_after_s=None,
+                   throttle=robust.throttle)
+    return at_s
+
+
+def _pacing_rows(out: str) -> list[list[str]]:
+    """The pacing table's rows, cell by cell (no value there holds a space)."""
+    lines = out.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("pacing:"))
+    assert lines[start + 1].split() == ["source", "identity", "configured", "r/s", "in", "use", "r/s", "learned",
+                                        "ceiling", "r/s", "ceiling", "age"]
+    return [line.split() for line in lines[start + 2:] if line.strip() and not line.startswith("  ")]
+
+
+def test_fleet_prints_each_lane_s_configured_rate_rate_in_use_and_learned_ceiling(state, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(SOURCES))
+    _paced(state)
+    assert main(["fleet"]) == 0
+    assert _pacing_rows(capsys.readouterr().out) == [
+        ["robust", "-", "10", "10", "-", "-"],  # sent, never throttled: no ceiling known
+        ["robust", "dc1_b", "5", "5", "-", "-"],
+        ["fragile", "-", "1.5", "0.75", "1.5", "5.0m"],  # throttled at 1.5 r/s five minutes ago, halved
+        ["fragile", "dc1_a", "1.5", "0.75", "1.5", "5.0m"],
+    ]  # flaky, quiet and slow never sent: they have no lane
+    assert main(["fleet", "--source", "fragile"]) == 0
+    assert [row[:2] for row in _pacing_rows(capsys.readouterr().out)] == [["fragile", "-"], ["fragile", "dc1_a"]]
+
+
+def test_fleet_without_a_lane_prints_no_pacing_table(state, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(SOURCES))
+    _paced(state)
+    assert main(["fleet", "--source", "quiet"]) == 0
+    assert "pacing:" not in capsys.readouterr().out
+
+
+def test_fleet_says_how_long_a_retry_after_still_holds_a_lane(state, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(SOURCES))
+    quiet = load_sources(SOURCES).get("quiet")
+    RateLanes(state, sampler=GapSampler(random.Random(1))).feedback(
+        [source_lane(quiet)], outcome=Outcome.THROTTLED, retry_after_s=600, throttle=quiet.throttle)
+    assert main(["fleet"]) == 0
+    out = capsys.readouterr().out
+    assert _pacing_rows(out) == [["quiet", "-", "5", "2.5", "5", "0s"]]
+    assert "  quiet: held by a Retry-After for 10.0m" in out or "  quiet: held by a Retry-After for 9.9m" in out
+
+
+def test_fleet_json_gives_each_source_its_lanes_and_keeps_the_source_lane_s_rates(state, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(SOURCES))
+    cut_s = _paced(state)
+    assert main(["fleet", "--json"]) == 0
+    rows = {row["source"]: row for row in json.loads(capsys.readouterr().out)}
+    fragile, robust, quiet = rows["fragile"], rows["robust"], rows["quiet"]
+    (identity,) = fragile["lanes"]
+    age = identity.pop("ceiling_age_s")
+    assert identity == {"source": "fragile", "identity_id": "dc1_a", "configured_per_s": 1.5, "in_use_per_s": 0.75,
+                        "ceiling_per_s": 1.5, "floor_until_s": None}
+    assert age == pytest.approx(time.time() - cut_s, abs=5)
+    assert (fragile["rate_per_s"], fragile["configured_rate_per_s"], fragile["ceiling_rate_per_s"]) == (0.75, 1.5, 1.5)
+    assert fragile["source_lane"]["identity_id"] is None and fragile["source_lane"]["ceiling_per_s"] == 1.5
+    assert [(lane["identity_id"], lane["in_use_per_s"], lane["ceiling_per_s"]) for lane in robust["lanes"]] == [
+        ("dc1_b", 5, None)]
+    assert (quiet["source_lane"], quiet["lanes"], quiet["rate_per_s"], quiet["ceiling_rate_per_s"]) == (None, [], 5, None)
 
 
 def test_identities_lists_the_pool_without_credentials(state, monkeypatch, capsys) -> None:

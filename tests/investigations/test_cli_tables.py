@@ -16,6 +16,9 @@ from investigations.evidence.captures import Capture
 from investigations.evidence.records import RecordStore
 from investigations.identities import IdentityPool, parse_identities
 from investigations.intake.leads import normalize_lead
+from investigations.pacing import GapSampler, RateLanes
+from investigations.pacing.lanes import identity_lane, source_lane
+from investigations.sources.specs import load_sources
 from investigations.store import StateStore
 
 SOURCES = Path(__file__).resolve().parents[2] / "sources.yaml"
@@ -41,7 +44,7 @@ class Record:
 
 @pytest.fixture
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StateStore]:
-    """A state store and records with long values in every table: ids, cases, errors, records, captures."""
+    """A state store and records with long values in every table: ids, cases, errors, records, captures, lanes."""
     monkeypatch.setenv("INVESTIGATIONS_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(SOURCES))
     monkeypatch.delenv("COLUMNS", raising=False)
@@ -71,6 +74,10 @@ identities:
   - {id: dc1-europe-west-identity-b, range: dc1-europe-west, tier: datacenter}
 """, env={}), rng=random.Random(1))
     assert pool.acquire("robust", holder=HOLDER, ttl_s=600) is not None
+    flaky = load_sources(SOURCES).get("flaky")
+    RateLanes(store, sampler=GapSampler(random.Random(1))).feedback(
+        [source_lane(flaky), identity_lane(flaky, "dc1-europe-west-identity-a")], outcome=Outcome.THROTTLED,
+        retry_after_s=None, throttle=flaky.throttle)
     yield store
     pool.close()
     store.close()
@@ -154,7 +161,8 @@ def _values(store: StateStore) -> dict[str, list[str]]:
     collected = lead_row["collections"]["robust"]["last_success_at"].isoformat(timespec="seconds")
     return {
         "fleet": ["robust", "fragile", "flaky", "quiet", "slow", "blocked", "1234/1234", "0.00/5", "10/10",
-                  "closed", "fragile: blocked: 7 of 7 requests throttled or blocked"],
+                  "closed", "fragile: blocked: 7 of 7 requests throttled or blocked", "dc1-europe-west-identity-a",
+                  "learned ceiling r/s"],
         "leads list": [LEAD.id, OTHER.id, LEAD.value, CASE, "username", "not collected", collected],
         "cases list": [CASE, "active", case["created_at"].isoformat(timespec="seconds")],
         "dlq list": [LEAD.id, "transient", "503", ERROR, letter.last_seen.isoformat(timespec="seconds")],
@@ -187,7 +195,9 @@ def test_a_table_fits_100_columns_and_shows_every_value_whole(state, monkeypatch
 
 def test_the_fleet_is_one_table_where_it_fits_and_two_where_it_does_not(state, monkeypatch, capsys) -> None:
     def first_words(out: str) -> list[str]:
-        return [line.split()[0] for line in out.splitlines() if line.strip()]
+        """Each line's first word, up to the pacing table that follows the fleet's."""
+        fleet = out.split("\npacing:")[0]
+        return [line.split()[0] for line in fleet.splitlines() if line.strip()]
 
     assert main(["fleet"]) == 0  # piped output: 240 columns
     wide = first_words(capsys.readouterr().out)

@@ -22,7 +22,8 @@ from investigations.fleet.metrics import LATENCY_BUCKETS_S, fleet_registry, rend
 from investigations.fleet.stats import TotalsReader, read_totals
 from investigations.identities import IdentityPool, parse_identities
 from investigations.intake.leads import normalize_lead
-from investigations.pacing import Circuits
+from investigations.pacing import Circuits, GapSampler, RateLanes
+from investigations.pacing.lanes import identity_lane, source_lane
 from investigations.sources.specs import parse_sources
 from investigations.store import StateStore
 from investigations.store import schema as s
@@ -37,6 +38,7 @@ sources:
     request: {url: "https://api.example/lookup?q={value}"}
     recrawl_every: 1h
     daily_budget_usd: 3
+    rate: {source_per_s: 8, identity_per_s: 2}
   - name: quiet
     adapter: json_api
     lead_kinds: [domain]
@@ -68,6 +70,9 @@ GAUGES = {
     "investigations_daily_budget_usd": ["source"],
     "investigations_evidence_bytes": ["source"],
     "investigations_evidence_usd": ["source"],
+    "investigations_pacing_configured_rate_per_second": ["identity", "source"],
+    "investigations_pacing_rate_per_second": ["identity", "source"],
+    "investigations_pacing_ceiling_rate_per_second": ["identity", "source"],
 }
 HISTOGRAMS = {"investigations_request_duration_seconds": ["le", "source"]}
 
@@ -113,8 +118,9 @@ def refused_by_the_fetcher(store: StateStore, url: str) -> None:
 
 
 def a_fleet(store: StateStore) -> IdentityPool:
-    """Traffic, collections, a backlog, an open circuit, a dead letter and an identity pool with one
-    identity resting: every family has samples. The pool's proxy and a fetch-log URL carry PASSWORD."""
+    """Traffic, collections, a backlog, an open circuit, a dead letter, an identity pool with one
+    identity resting, and api's lanes paced (its own and dc1_a's throttled, dc1_b's not): every family
+    has samples. The pool's proxy and a fetch-log URL carry PASSWORD."""
     store.add_lead(LEAD, case_id="case-1")
     store.add_lead(OTHER, case_id="case-1")
     collected(store, "api", LEAD.id)
@@ -142,6 +148,10 @@ identities:
     assert lease is not None
     pool.report(lease, "identity_fault", status=403)  # a hard block: it rests at api
     assert pool.acquire("api", holder="run-def", ttl_s=60) is not None
+    api, lanes = CATALOG.get("api"), RateLanes(store, sampler=GapSampler(random.Random(1)))
+    for sent, outcome in (([source_lane(api)], Outcome.THROTTLED), ([identity_lane(api, "dc1_a")], Outcome.THROTTLED),
+                          ([identity_lane(api, "dc1_b")], Outcome.OK)):
+        lanes.feedback(sent, outcome=outcome, retry_after_s=None, throttle=api.throttle)
     return pool
 
 
@@ -201,6 +211,24 @@ def test_the_figures_read_what_the_store_holds(store: StateStore) -> None:
     assert one("investigations_monitored_leads", source="api", freshness="fresh") == 1
     assert one("investigations_monitored_leads", source="quiet", freshness="empty") == 1
     assert one("investigations_daily_budget_usd", source="api") == 3
+    pool.close()
+
+
+def test_the_pacing_gauges_give_each_lane_s_configured_rate_rate_in_use_and_learned_ceiling(store: StateStore) -> None:
+    pool = a_fleet(store)
+    found = families(fleet_registry(store, CATALOG))
+
+    def lanes(name: str) -> dict[tuple[str, str], float]:
+        return {(sample.labels["source"], sample.labels["identity"]): sample.value
+                for sample in found[f"investigations_pacing_{name}"].samples}
+
+    # api's own lane (identity "") and dc1_a's were throttled at their configured rates and halved;
+    # dc1_b's never was. quiet never sent: it has no lane.
+    assert lanes("configured_rate_per_second") == {("api", ""): 8, ("api", "dc1_a"): 2, ("api", "dc1_b"): 2}
+    assert lanes("rate_per_second") == {("api", ""): 4, ("api", "dc1_a"): 1, ("api", "dc1_b"): 2}
+    assert lanes("ceiling_rate_per_second") == {("api", ""): 8, ("api", "dc1_a"): 2}
+    assert {found[f"investigations_pacing_{name}"].type for name in ("configured_rate_per_second", "rate_per_second",
+                                                                      "ceiling_rate_per_second")} == {"gauge"}
     pool.close()
 
 
@@ -268,8 +296,13 @@ def test_no_secret_reaches_the_exposition(store: StateStore) -> None:
     pool = a_fleet(store)
     assert any(PASSWORD in row["url"] and PASSWORD in row["error"] for row in store.fetch_log())  # it is in the store
     text = render(fleet_registry(store, CATALOG)).decode()
-    for secret in (PASSWORD, "fleet:", "10.0.0.1", "127.0.0.9", "dc1_a", "run-abc", "/admin", "https://"):
+    for secret in (PASSWORD, "fleet:", "10.0.0.1", "127.0.0.9", "run-abc", "/admin", "https://"):
         assert secret not in text, secret
+    # The identity whose proxy carries PASSWORD is named by its id alone, and only as its lane's label.
+    naming = {line.split("{")[0] for line in text.splitlines() if "dc1_a" in line}
+    assert naming == {"investigations_pacing_configured_rate_per_second", "investigations_pacing_rate_per_second",
+                      "investigations_pacing_ceiling_rate_per_second"}
+    assert all('identity="dc1_a"' in line for line in text.splitlines() if "dc1_a" in line)
     pool.close()
 
 

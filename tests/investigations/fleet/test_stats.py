@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -11,16 +12,20 @@ from investigations.collection.events import FetchEvent, Outcome
 from investigations.fleet.stats import (
     CollectionRow,
     Freshness,
+    LaneStanding,
     RequestRow,
     figures_for,
     fleet_figures,
     health_of,
     identity_counts,
     identity_standings,
+    lane_standings,
     percentile,
     read_identity_standings,
 )
 from investigations.intake.leads import normalize_lead
+from investigations.pacing import GapSampler, RateLanes
+from investigations.pacing.lanes import identity_lane, source_lane
 from investigations.sources.specs import parse_sources
 from investigations.store import StateStore
 from investigations.store import schema as s
@@ -262,3 +267,74 @@ sources:
     (figures,) = fleet_figures(store, priced, now=NOW, data_dir=tmp_path)
     assert figures.evidence_bytes == 2_000_000
     assert figures.evidence_usd == pytest.approx(2_000_000 / 1e9 * 0.02)
+
+
+# -- pacing: what each rate lane learned ----------------------------------------------------------
+
+PACED = parse_sources("""
+sources:
+  - name: api
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://api.example/lookup?q={value}"}
+    rate: {source_per_s: 8, identity_per_s: 2}
+  - name: quiet
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://quiet.example/lookup?q={value}"}
+    rate: {source_per_s: 3}
+""")
+# A source the fleet once had: its lanes stay in the store after it left the sources file.
+GONE = parse_sources("""
+sources:
+  - name: gone
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://gone.example/lookup?q={value}"}
+""").get("gone")
+PACED_API, PACED_QUIET = PACED.get("api"), PACED.get("quiet")
+T0 = 1_800_000_000.0
+LANES_NOW_S = T0 + 100
+API_LANE, QUIET_LANE = source_lane(PACED_API), source_lane(PACED_QUIET)
+IDENTITY_A, IDENTITY_B = identity_lane(PACED_API, "a"), identity_lane(PACED_API, "b")
+THROTTLED, OK = Outcome.THROTTLED, Outcome.OK
+
+
+def told(at_s, lanes, outcome, *, retry_after_s=None, pooled=False):
+    """One answer's feedback to `lanes` at `at_s`, as the fetcher gives it."""
+    return at_s, lanes, outcome, retry_after_s, pooled
+
+
+@pytest.mark.parametrize(("answers", "expected"), [
+    pytest.param([], [], id="nothing sent: no lane, nothing shown"),
+    pytest.param([told(T0, [API_LANE], THROTTLED)],
+                 [LaneStanding("api", None, 8, 4, ceiling_per_s=8, ceiling_age_s=100)],
+                 id="a throttle halves the rate in use; the ceiling is the rate throttled, 100 s ago"),
+    pytest.param([told(T0, [API_LANE, IDENTITY_A], OK)],
+                 [LaneStanding("api", None, 8, 8), LaneStanding("api", "a", 2, 2)],
+                 id="never throttled: in use at the configured rate, no ceiling"),
+    pytest.param([told(T0, [API_LANE], THROTTLED), told(T0 + 50, [API_LANE], THROTTLED)],
+                 [LaneStanding("api", None, 8, 2, ceiling_per_s=4, ceiling_age_s=50)],
+                 id="a second cut: the ceiling is the rate throttled then, its age from then"),
+    pytest.param([told(T0 + 40, [API_LANE, IDENTITY_A], THROTTLED, pooled=True)],
+                 [LaneStanding("api", "a", 2, 1, ceiling_per_s=2, ceiling_age_s=60)],
+                 id="one identity throttled: its own lane is cut, at the identity rate"),
+    pytest.param([told(T0 + 90, [API_LANE], THROTTLED, retry_after_s=30)],
+                 [LaneStanding("api", None, 8, 4, ceiling_per_s=8, ceiling_age_s=10, floor_until_s=T0 + 120)],
+                 id="a Retry-After still ahead holds the lane until then"),
+    pytest.param([told(T0, [API_LANE], THROTTLED, retry_after_s=30)],
+                 [LaneStanding("api", None, 8, 4, ceiling_per_s=8, ceiling_age_s=100)],
+                 id="a Retry-After past holds nothing"),
+    pytest.param([told(T0, [QUIET_LANE], OK), told(T0, [IDENTITY_B], OK), told(T0, [API_LANE, IDENTITY_A], OK)],
+                 [LaneStanding("api", None, 8, 8), LaneStanding("api", "a", 2, 2), LaneStanding("api", "b", 2, 2),
+                  LaneStanding("quiet", None, 3, 3)],
+                 id="catalog order, each source's lane before its identities' by id"),
+    pytest.param([told(T0, [source_lane(GONE), identity_lane(GONE, "a")], THROTTLED)], [],
+                 id="a source gone from the catalog: its lanes are left out"),
+])
+def test_lane_standings_show_the_configured_rate_the_rate_in_use_and_the_learned_ceiling(
+        store: StateStore, answers, expected) -> None:
+    for at_s, lanes, outcome, retry_after_s, pooled in answers:
+        RateLanes(store, sampler=GapSampler(random.Random(1)), clock=lambda at_s=at_s: at_s).feedback(
+            lanes, outcome=outcome, retry_after_s=retry_after_s, throttle=PACED_API.throttle, pooled_identity=pooled)
+    assert lane_standings(store, PACED, LANES_NOW_S) == expected
