@@ -42,7 +42,7 @@ from investigations.collection.collect import CollectionFailed, CollectionParked
 from investigations.collection.runwork import RunWork
 from investigations.fleet.degradation import BASELINE_COLLECTIONS, Verdict, answer_verdict
 from investigations.scheduling.cost import collection_cost_usd, identity_prices, over_budget, spend_today
-from investigations.scheduling.dispatch import batch_size
+from investigations.scheduling.dispatch import LeadCadenceView, batch_size, next_visit
 from investigations.scheduling.priority import (
     BACKGROUND_NICENESS,
     CASE_TAG,
@@ -205,13 +205,23 @@ class PendingChecks:
                 for lead_id, verdict, sample_keys in pending]
 
 
+def cadence_metadata(cadence: LeadCadenceView) -> dict[str, Any]:
+    """A lead's recurring cadence as materialization metadata (`dispatch.next_visit`): how fast its
+    answer changes, as its visits say so far (what a learned cadence is planned on); when its source
+    looks at it next (none for a lead not collected again); and why, in a line.
+
+    `next_due` is the source's plan as of its last planning tick (the recurring sensor's, every
+    minute) with the lead's own rate now: the planner's next pass may move it a little as the
+    budget's split moves; `investigations leads list --cadence` plans every lead now."""
+    metadata: dict[str, Any] = {"changes_per_day": round(cadence.changes_per_day, 4), "cadence": cadence.why}
+    if cadence.next_due is not None:
+        metadata["next_due"] = MetadataValue.timestamp(cadence.next_due)
+    return metadata
+
+
 def materialization(spec: SourceSpec, result: CollectionResult, *, cost_usd: float | None = None,
-                    over_budget: bool = False, change_rate_per_s: float | None = None) -> AssetMaterialization:
-    extra: dict[str, Any] = {}
-    if change_rate_per_s is not None:
-        # How fast the lead's answer changes, as its visits say so far (scheduling/cadence.py): what
-        # its recurring cadence is planned on; `investigations leads list --cadence` says when next.
-        extra["changes_per_day"] = round(change_rate_per_s * 86_400, 4)
+                    over_budget: bool = False, cadence: LeadCadenceView | None = None) -> AssetMaterialization:
+    extra: dict[str, Any] = {} if cadence is None else cadence_metadata(cadence)
     if cost_usd is not None:
         extra["cost_usd"] = round(cost_usd, 6)
     if over_budget:
@@ -341,7 +351,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 # Stored in the event log before the generator resumes, so its id is known.
                 cost = collection_cost_usd(spec, outcome.sent, prices)
                 yield materialization(spec, outcome, cost_usd=cost, over_budget=past_budget,
-                                      change_rate_per_s=fleet.store.kept_change_rate(spec.name, lead_id))
+                                      cadence=next_visit(fleet.store, spec, lead_id))
                 if check_selected:
                     checks.add(lead_id, baselines.judge(lead_id, outcome.lead_kind, outcome.records,
                                                         outcome.common_fields), outcome.sample_keys)

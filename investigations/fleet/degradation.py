@@ -9,12 +9,14 @@ asset check results; nothing here imports Dagster, and every rule is table-teste
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
+from investigations.scheduling.cadence import plan_source
 from investigations.store import SourceIncident
 
 if TYPE_CHECKING:
@@ -46,6 +48,15 @@ MIN_COLLECTIONS = 5
 # check warns; below FRESH_ERROR_SHARE it fails as an error.
 FRESH_SHARE = 0.9
 FRESH_ERROR_SHARE = 0.5
+# On a learned cadence a lead is fresh while its last collection with records is at most its own
+# planned interval old plus this share of it, and at least plus one planning window (`recrawl.min`).
+# Why half: the plan is made again every minute, and every lead's interval moves at once when the
+# budget is split again (rates estimated again, leads joining or leaving cases); a lead collected on
+# time under the last plan must not turn stale while the source works through what became due, so a
+# plan may shorten intervals by a third (1 / 1.5) before the check notices. Why the window: a due lead
+# is late by about as much whatever its interval (queued at the next tick, started at a jittered moment
+# within a tenth of a window, handed over in batches), which half a short interval would not cover.
+FRESH_GRACE_SHARE = 0.5
 EXAMPLES = 5
 # The windows a source is judged over: refusals in the last REFUSALS_RECENT_S against the day
 # before; volume in the last VOLUME_RECENT_S against the week before.
@@ -174,32 +185,65 @@ def volume_verdict(recent: Volume, baseline: Volume) -> Verdict:
                    f"{per:.2f} records per collection (baseline {base_per:.2f})", details=details)
 
 
-def freshness_verdict(monitored: Sequence[tuple[str, datetime | None]], *, cadence_s: float, now: datetime) -> Verdict:
+def stale_after_s(interval_s: float, *, window_s: float) -> float:
+    """How old a learned-cadence lead's last collection with records may be before it is stale: its
+    own planned interval plus FRESH_GRACE_SHARE of it, at least plus one window (see the constant)."""
+    return interval_s + max(FRESH_GRACE_SHARE * interval_s, window_s)
+
+
+def freshness_verdict(monitored: Sequence[tuple[str, datetime | None]], *, cadence_s: float, now: datetime,
+                      intervals_s: Mapping[str, float] | None = None, window_s: float = 0.0) -> Verdict:
     """The share of monitored leads collected WITH records within their cadence (an empty answer
-    is not fresh) and the age of the stalest one."""
-    stale: list[tuple[float, str]] = []
+    is not fresh) and the age of the stalest one.
+
+    On a fixed cadence (`intervals_s` None) every lead is held to `cadence_s`, the source's
+    `recrawl_every`. On a learned one each lead is held to its own planned interval (`intervals_s`)
+    plus its grace (`stale_after_s`, with the source's `recrawl.min` as `window_s`), and a lead the
+    plan leaves out (a dead letter there) to `cadence_s`, the source's `recrawl.max`. Stale leads are
+    listed most overdue first. The description and `rule` say which rule judged."""
+    def allowed_s(lead_id: str) -> float:
+        interval = None if intervals_s is None else intervals_s.get(lead_id)
+        return cadence_s if interval is None else stale_after_s(interval, window_s=window_s)
+
+    stale: list[tuple[float, float, str]] = []  # (past its allowance, age, lead)
     for lead_id, at in monitored:
-        age = float("inf") if at is None else (now - at).total_seconds()
-        if age > cadence_s:
-            stale.append((age, lead_id))
+        age = math.inf if at is None else (now - at).total_seconds()
+        if age > (allowed := allowed_s(lead_id)):
+            stale.append((age - allowed, age, lead_id))
     total = len(monitored)
     share = 1.0 - len(stale) / total if total else 1.0
     stale.sort(reverse=True)
-    oldest = max((age for age, _ in stale if age != float("inf")), default=None)
+    oldest = max((age for _, age, _ in stale if age != math.inf), default=None)
     details: dict[str, float | int | str | None] = {
         "monitored_leads": total, "stale_leads": len(stale), "fresh_share": round(share, 4),
-        "cadence_s": cadence_s,
+        **_freshness_rule(cadence_s, intervals_s, window_s),
         "stalest_age_s": None if oldest is None else round(oldest),
-        "never_collected_with_records": sum(1 for age, _ in stale if age == float("inf"))}
-    examples = [lead for _, lead in stale[:EXAMPLES]]
+        "never_collected_with_records": sum(1 for _, age, _ in stale if age == math.inf)}
+    examples = [lead for _, _, lead in stale[:EXAMPLES]]
     if total == 0:
         return Verdict(True, "warn", share, FRESH_SHARE, "no monitored leads", details=details, judged=False)
-    text = f"{total - len(stale)} of {total} monitored leads collected with records within {cadence_s:g} s"
+    within = (f"within {cadence_s:g} s (fixed cadence: recrawl_every)" if intervals_s is None else
+              f"within their own planned interval plus half of it, at least plus {window_s:g} s (learned cadence: "
+              f"recrawl.min)")
+    text = f"{total - len(stale)} of {total} monitored leads collected with records {within}"
     if share < FRESH_ERROR_SHARE:
         return Verdict(False, "error", share, FRESH_ERROR_SHARE, text, examples, details)
     if share < FRESH_SHARE:
         return Verdict(False, "warn", share, FRESH_SHARE, text, examples, details)
     return Verdict(True, "warn", share, FRESH_SHARE, text, examples, details)
+
+
+def _freshness_rule(cadence_s: float, intervals_s: Mapping[str, float] | None,
+                    window_s: float) -> dict[str, float | int | str | None]:
+    """Which rule judged freshness, as check metadata: a fixed cadence's one age for every lead, or
+    each lead's own planned interval with its grace (and the median interval planned)."""
+    if intervals_s is None:
+        return {"rule": "fixed cadence: every lead within recrawl_every", "cadence_s": cadence_s}
+    planned = [interval for interval in intervals_s.values() if interval != math.inf]
+    return {"rule": f"learned cadence: each lead within its own planned interval x {1 + FRESH_GRACE_SHARE:g}, "
+                    "at least + recrawl.min; a lead the plan leaves out within recrawl.max",
+            "grace_share": FRESH_GRACE_SHARE, "window_s": window_s, "max_s": cadence_s,
+            "median_interval_s": round(statistics.median(planned)) if planned else None}
 
 
 @dataclass(frozen=True)
@@ -313,12 +357,25 @@ def canary_states(store: StateStore, spec: SourceSpec) -> list[CanaryState]:
     return states
 
 
+def lead_intervals_s(store: StateStore, spec: SourceSpec, *, now: datetime) -> dict[str, float] | None:
+    """Each monitored lead's planned interval on a learned cadence, by lead id: the recurring plan
+    over every lead the source monitors, made now from the store (`cadence.plan_source`; read only:
+    the check depends on no planner having run). None on a fixed cadence: every lead alike."""
+    if spec.recrawl.is_fixed:
+        return None
+    leads = store.cadence_leads(spec.name, lead_kinds=spec.lead_kinds, prior_s=spec.recrawl.prior_s,
+                                closed_too=spec.recrawl.closed_weight > 0)
+    return dict(plan_source(spec, leads, now_s=now.timestamp()).by_lead)
+
+
 def judge_source(store: StateStore, spec: SourceSpec, *, now: datetime,
                  spent_today_usd: float | None = None) -> dict[str, Verdict]:
     """Every source-level judgement, from the state store: `fresh`, `canaries`, `refusals`, `volume`
     and, given the day's spend of a source with a budget, `budget`."""
     verdicts = {"fresh": freshness_verdict(store.monitored_freshness(spec.name, lead_kinds=spec.lead_kinds),
-                                           cadence_s=spec.recrawl_every_s, now=now)}
+                                           cadence_s=spec.recrawl_every_s, now=now,
+                                           intervals_s=lead_intervals_s(store, spec, now=now),
+                                           window_s=spec.recrawl.min_s)}
     verdicts["canaries"] = canary_verdict(canary_states(store, spec), expected_min=spec.expected_min_records)
     recent_since = now - timedelta(seconds=REFUSALS_RECENT_S)
     recent, _ = store.fetch_profile(spec.name, since=recent_since)

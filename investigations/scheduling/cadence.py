@@ -41,8 +41,9 @@ Three pure steps, each a function of its inputs only (times are epoch seconds, p
 The fleet runs these in `investigations.scheduling.dispatch.plan_recurring`. The store keeps each
 history and the rate estimated at its last visit for its source's prior
 (`investigations.store.visits`), so a planning pass reads a rate per lead and estimates only the
-leads whose prior changed since (then keeps those); `bench.cadence` runs the same functions on a
-simulated clock.
+leads whose prior changed since (then keeps those), and each source's last plan (its scale c), so
+a lead's next visit is worked out alone (`planned_interval_s`) as it is stored; `bench.cadence` runs
+the same functions on a simulated clock.
 """
 
 from __future__ import annotations
@@ -299,24 +300,54 @@ def plan_source(spec: SourceSpec, leads: Sequence[MonitoredLead], *, now_s: floa
                          budget_per_s=budget)
 
 
+@dataclass(frozen=True)
+class SourcePlan:
+    """What a source's last recurring plan decided for every lead at once: its cadence scale c
+    (`cadence_scale`; inf: every lead at `max`) and whether its budget was short. With one lead's
+    rate and weight it gives that lead's interval in O(1) (`planned_interval_s`), without planning
+    every lead the source monitors again."""
+
+    scale: float
+    short: bool = False
+
+
+def planned_interval_s(spec: SourceSpec, *, rate_per_s: float, open_case: bool, plan: SourcePlan | None) -> float:
+    """One lead's interval under its source's last plan: the square-root rule (`revisit_interval_s`)
+    with the plan's scale c and the lead's own rate and weight now. It may lag the next plan: c is
+    the budget's split as of that plan, and moves as other leads' rates are estimated again and
+    leads join or leave cases. A fixed cadence needs no plan (every lead every `min`). A learned
+    one not planned yet takes the scale of a source whose leads all change at its prior, spending
+    what the fixed cadence would (c = √every: a lead at the prior's rate every `every`)."""
+    bounds = spec.recrawl
+    if bounds.is_fixed:
+        scale = math.inf
+    elif plan is None:
+        scale = math.sqrt(bounds.prior_s)
+    else:
+        scale = plan.scale
+    score = math.sqrt(lead_weight(spec, open_case=open_case) * rate_per_s)
+    return revisit_interval_s(score, scale, min_s=bounds.min_s, max_s=bounds.max_s)
+
+
 def why(spec: SourceSpec, *, rate_per_s: float, interval_s: float, open_case: bool, short: bool = False) -> str:
     """Why a lead is looked at as often as it is, in a line an operator reads."""
     bounds = spec.recrawl
     if interval_s == math.inf:
         return "not collected again: only closed cases hold it"
     if bounds.is_fixed:
-        return f"fixed cadence: every {_duration(interval_s)}"
-    text = f"changes about {rate_per_s * 86_400:.2g} time(s) a day, so every {_duration(interval_s)}"
+        return f"fixed cadence: every {duration(interval_s)}"
+    text = f"changes about {rate_per_s * 86_400:.2g} time(s) a day, so every {duration(interval_s)}"
     if short:
-        return text + f" (the source's budget is short: every lead at its max, {_duration(bounds.max_s)})"
+        return text + f" (the source's budget is short: every lead at its max, {duration(bounds.max_s)})"
     if interval_s <= bounds.min_s:
-        return text + f" (its min: it changes faster than the source looks, {_duration(bounds.min_s)})"
+        return text + f" (its min: it changes faster than the source looks, {duration(bounds.min_s)})"
     if interval_s >= bounds.max_s:
-        return text + f" (its max, {_duration(bounds.max_s)})"
+        return text + f" (its max, {duration(bounds.max_s)})"
     return text + ("" if open_case else " (closed cases only: weighs less)")
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """A length of time as an operator reads it: `6 h`, `1.5 d`, `30 min`."""
     for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60)):
         if seconds >= size:
             return f"{seconds / size:.3g} {unit}"

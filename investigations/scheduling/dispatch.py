@@ -30,13 +30,23 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from investigations.collection.runwork import LINGER_S, OPEN_FOR_S
 from investigations.fleet.degradation import CanaryState, canary_answer_fails, canary_states, follow_canaries
 from investigations.identities.leasing import longest_hold_s
 from investigations.pacing import Circuits, jittered_start_s
-from investigations.scheduling.cadence import RevisitPlan, estimate_rates, plan_source, prior_rate_per_s, why
+from investigations.scheduling.cadence import (
+    RevisitPlan,
+    SourcePlan,
+    change_rate,
+    duration,
+    estimate_rates,
+    plan_source,
+    planned_interval_s,
+    prior_rate_per_s,
+    why,
+)
 from investigations.scheduling.cost import over_budget, spend_today
 from investigations.scheduling.priority import PriorityClass
 from investigations.sources.specs import SourceCatalog, SourceSpec
@@ -437,7 +447,10 @@ def plan_cadence(store: StateStore, spec: SourceSpec, *, now: datetime) -> Revis
                                 closed_too=spec.recrawl.closed_weight > 0)
     leads, estimated = estimate_rates(leads, prior_rate_per_s(spec))
     store.keep_change_rates(spec.name, estimated, prior_s=prior_s)
-    return plan_source(spec, leads, now_s=now.timestamp())
+    plan = plan_source(spec, leads, now_s=now.timestamp())
+    # Kept for each lead's next visit as it is stored (`next_visit`): one row a source and pass.
+    store.keep_cadence_plan(spec.name, SourcePlan(plan.scale, plan.short), now=now)
+    return plan
 
 
 @dataclass(frozen=True)
@@ -467,6 +480,43 @@ def lead_cadences(store: StateStore, spec: SourceSpec, *, now: datetime) -> dict
             why(spec, rate_per_s=lead.rate_per_s or 0.0, interval_s=interval, open_case=lead.open_case,
                 short=plan.short))
     return views
+
+
+def next_visit(store: StateStore, spec: SourceSpec, lead_id: str) -> LeadCadenceView | None:
+    """When `spec` looks at a lead it collected again, and why, worked out for that lead alone (a
+    materialization asks this of every lead a batch run stores, up to about a thousand: planning
+    every lead the source monitors for each would be quadratic). None for a lead it never collected.
+
+    The lead's rate is its own now (kept at its last visit, else estimated from its visits), its
+    weight from its cases now; the budget's split is its source's last plan (`cadence_plans`, kept
+    by the recurring planner each pass): `cadence.planned_interval_s`. So the figure may lag: it is
+    the plan as of the last planning tick, whose scale moves as other leads' rates are estimated
+    again and leads join or leave cases, and a learned source not planned yet is read as if its
+    leads all changed at its prior (the text says so). A canary is collected on its own rule
+    (`canary_interval_s`); a dead letter, or a lead no case holds, is not collected again."""
+    known = store.planned_lead(spec.name, lead_id, prior_s=spec.recrawl.prior_s)
+    if known is None:
+        return None
+    lead = known.lead
+    rate = lead.rate_per_s if lead.rate_per_s is not None else change_rate(lead.visits, prior_rate_per_s(spec))
+    canaries = {canary.lead.id for canary in spec.canaries}
+    if lead_id in canaries:
+        interval = canary_interval_s(spec, CanaryState(lead_id, known.outcome, known.records))
+        text = f"a canary of the source: every {duration(spec.recrawl.prior_s)}"
+        if interval < spec.recrawl.prior_s:
+            text = f"a canary whose answer failed: again in {duration(interval)}"
+    elif known.dead_letter:
+        interval, text = math.inf, "not collected again: a dead letter of the source (a human requeues it)"
+    elif not known.in_case:
+        interval, text = math.inf, "not collected again: no case holds it"
+    else:
+        interval = planned_interval_s(spec, rate_per_s=rate, open_case=lead.open_case, plan=known.plan)
+        short = known.plan is not None and known.plan.short
+        text = why(spec, rate_per_s=rate, interval_s=interval, open_case=lead.open_case, short=short)
+        if known.plan is None and not spec.recrawl.is_fixed and interval != math.inf:
+            text += " (the source is not planned yet: as if every lead changed at its prior)"
+    due = None if interval == math.inf else datetime.fromtimestamp(lead.last_at_s + interval, UTC)
+    return LeadCadenceView(rate * 86_400, interval, due, text)
 
 
 def plan_recurring(

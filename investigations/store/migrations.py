@@ -165,6 +165,12 @@ def _index_queue_finished_at(conn: Connection, schema: str | None) -> None:
     conn.execute(text(f"CREATE INDEX {index} ON {queue} (finished_at)"))
 
 
+def _add_cadence_plans(conn: Connection, _schema: str | None) -> None:
+    # A new table only. Every source starts with no plan on record: until the recurring planner's
+    # next pass (a minute), a lead's next visit is worked out as for a source not planned yet.
+    s.metadata.create_all(conn, tables=[s.cadence_plans])
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     1: _create_base,
     2: _create_flow_control,
@@ -180,6 +186,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     9: _add_source_incidents,
     10: _add_lead_visits,
     11: _index_queue_finished_at,
+    12: _add_cadence_plans,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -370,3 +370,20 @@ lead_visits = Table(
     Column("prior_s", Float, nullable=True),
     PrimaryKeyConstraint("source", "lead_id"),
 )
+
+
+# --- version 12: each source's last recurring plan -----------------------------------------------
+
+# Per source, what its last learned recurring plan decided for every lead at once
+# (`investigations.scheduling.cadence.SourcePlan`): with a lead's own rate and weight it gives that
+# lead's interval, so a lead's next visit is worked out as it is stored, without planning every lead
+# again. Written by the recurring planner each pass of a source it plans (one row a source).
+cadence_plans = Table(
+    "cadence_plans",
+    metadata,
+    Column("source", String(64), primary_key=True),
+    Column("scale", Float, nullable=True),  # the cadence scale c; NULL: infinite (every lead at its max)
+    Column("short", Boolean, nullable=False),  # the budget could not keep every lead within max
+    Column("planned_at", UTCDateTime, nullable=False),
+)
+

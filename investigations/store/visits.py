@@ -1,19 +1,23 @@
 """Each lead's visits: each (source, lead)'s change history (its last answer with records and its
 last visits, changed or not) and the rate of change estimated from it, written with its collection;
-and the monitored leads the recurring planner weighs (`investigations.scheduling.cadence` decides
+the monitored leads the recurring planner weighs, and each source's last plan (`cadence_plans`)
+with one lead as its next visit is worked out from (`investigations.scheduling.cadence` decides
 what a visit says, how fast a lead changes and what is due; this module keeps and reads)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, bindparam, func, select, update
+from sqlalchemy import Connection, Row, and_, bindparam, exists, func, select, update
 
 from investigations.scheduling.cadence import (
     ChangeHistory,
     MonitoredLead,
+    SourcePlan,
     Visit,
     change_rate,
     observe,
@@ -59,6 +63,22 @@ def decode_visits(text: str) -> tuple[Visit, ...]:
     return tuple((float(interval), flag == "1") for interval, _, flag in pairs)
 
 
+@dataclass(frozen=True)
+class PlannedLead:
+    """One lead a source collected, as its next visit is worked out from: the lead as the planner
+    reads it (`MonitoredLead`: its last collection, its rate kept for the source's prior or else its
+    visits, whether an open case holds it), whether any case holds it, whether it is a dead letter
+    there, its latest collection's outcome and records, and the source's last plan (None: not
+    planned yet)."""
+
+    lead: MonitoredLead
+    in_case: bool
+    dead_letter: bool
+    outcome: str
+    records: int
+    plan: SourcePlan | None
+
+
 class VisitTables(Tables):
     """Change histories per (source, lead), and the leads a source's recurring plan weighs."""
 
@@ -96,14 +116,47 @@ class VisitTables(Tables):
             .order_by(c.c.lead_id)
         )
         with self.reading() as conn:
-            return [_monitored(row, prior_s) for row in conn.execute(query)]
+            return [_monitored(row, prior_s, waiting=bool(row.waiting)) for row in conn.execute(query)]
 
-    def kept_change_rate(self, source: str, lead_id: str) -> float | None:
-        """The lead's changes per second as estimated at its last visit by `source` (None: no visit
-        with records yet)."""
-        t = s.lead_visits
+    def planned_lead(self, source: str, lead_id: str, *, prior_s: float) -> PlannedLead | None:
+        """One lead `source` collected, with its source's last plan, in one indexed query (a batch
+        run asks for each lead it stores): None when the source never collected it. Its rate is the
+        one kept for a prior of `prior_s` seconds, else its visits, to estimate it from."""
+        c, lc, cp, dl, cl = s.collections, s.lead_visits, s.cadence_plans, s.dead_letters, s.case_leads
+        open_case = exists().where(cl.c.lead_id == lead_id, s.cases.c.case_id == cl.c.case_id,
+                                   s.cases.c.status == "active")
+        query = (
+            select(c.c.lead_id, func.coalesce(c.c.last_success_at, c.c.last_attempt_at).label("last_at"),
+                   c.c.outcome, c.c.records, open_case.label("open"),
+                   exists().where(cl.c.lead_id == lead_id).label("in_case"),
+                   exists().where(dl.c.source == source, dl.c.lead_id == lead_id).label("dead"),
+                   lc.c.visits, lc.c.rate_per_s, lc.c.prior_s, cp.c.scale, cp.c.short, cp.c.planned_at)
+            .select_from(c.outerjoin(lc, and_(lc.c.source == c.c.source, lc.c.lead_id == c.c.lead_id))
+                         .outerjoin(cp, cp.c.source == c.c.source))
+            .where(c.c.source == source, c.c.lead_id == lead_id)
+        )
         with self.reading() as conn:
-            return conn.execute(select(t.c.rate_per_s).where(t.c.source == source, t.c.lead_id == lead_id)).scalar()
+            row = conn.execute(query).first()
+        if row is None:
+            return None
+        plan = None if row.planned_at is None else SourcePlan(math.inf if row.scale is None else row.scale,
+                                                              bool(row.short))
+        return PlannedLead(_monitored(row, prior_s), in_case=bool(row.in_case), dead_letter=bool(row.dead),
+                           outcome=row.outcome, records=row.records, plan=plan)
+
+    def keep_cadence_plan(self, source: str, plan: SourcePlan, *, now: datetime) -> None:
+        """Keep what the source's recurring plan decided now, for its leads' next visits to read."""
+        row = {"source": source, "scale": None if plan.scale == math.inf else plan.scale, "short": plan.short,
+               "planned_at": now}
+        with self.engine.begin() as conn:
+            upsert(conn, s.cadence_plans, [row], keys=["source"], update=["scale", "short", "planned_at"])
+
+    def cadence_plan(self, source: str) -> SourcePlan | None:
+        """The source's last recurring plan (None: not planned yet)."""
+        t = s.cadence_plans
+        with self.reading() as conn:
+            row = conn.execute(select(t.c.scale, t.c.short).where(t.c.source == source)).first()
+        return None if row is None else SourcePlan(math.inf if row.scale is None else row.scale, bool(row.short))
 
     def keep_change_rates(self, source: str, rates: Mapping[str, float], *, prior_s: float) -> None:
         """Keep rates the planner estimated for a prior of `prior_s` seconds (its source's prior
@@ -117,9 +170,9 @@ class VisitTables(Tables):
             conn.execute(statement, [{"lead": lead_id, "rate": rate} for lead_id, rate in rates.items()])
 
 
-def _monitored(row: Row[Any], prior_s: float) -> MonitoredLead:
+def _monitored(row: Row[Any], prior_s: float, *, waiting: bool = False) -> MonitoredLead:
     """A monitored lead from its row: its kept rate when kept for this prior, else its visits."""
     kept = row.rate_per_s if row.rate_per_s is not None and row.prior_s == prior_s else None
     return MonitoredLead(row.lead_id, row.last_at.timestamp(),
                          visits=() if kept is not None else decode_visits(row.visits or ""),
-                         rate_per_s=kept, open_case=bool(row.open), waiting=bool(row.waiting))
+                         rate_per_s=kept, open_case=bool(row.open), waiting=waiting)

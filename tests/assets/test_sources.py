@@ -20,6 +20,7 @@ from dagster import (
     AssetSelection,
     DagsterInstance,
     Definitions,
+    TimestampMetadataValue,
     define_asset_job,
     materialize,
 )
@@ -31,9 +32,10 @@ from investigations.evidence.records import RecordStore
 from investigations.fleet.degradation import Verdict, answer_verdict
 from investigations.intake.leads import Lead, normalize_lead
 from investigations.pacing import Circuits
+from investigations.scheduling.dispatch import plan_recurring
 from investigations.scheduling.priority import BACKGROUND_NICENESS, HANDOVER_TAG, PriorityClass, run_tags
 from investigations.sources.catalog import load_catalog
-from investigations.sources.specs import parse_sources
+from investigations.sources.specs import load_sources, parse_sources
 from investigations.store import StateStore
 from resources.fleet import FleetResource
 from tests.fakes import FakeClock
@@ -87,6 +89,73 @@ def test_a_lead_s_first_records_are_first_seen_and_the_same_again_adds_nothing(w
     # One visit, seconds after the first answer, unchanged: it says next to nothing yet, so the lead's
     # estimated changes a day are still its source's prior (once per recrawl interval).
     assert mat.metadata["changes_per_day"].value == pytest.approx(86_400 / spec.recrawl.prior_s, rel=1e-3)
+
+
+def _stored_metadata(instance: DagsterInstance, source: str, lead_id: str) -> dict:
+    """The lead's latest materialization's metadata, as the Dagster instance stored it."""
+    (record,) = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=source_asset_key(source), asset_partitions=[lead_id]), limit=1).records
+    materialization = record.asset_materialization
+    assert materialization is not None
+    return dict(materialization.metadata)
+
+
+def _collected_at(store: StateStore, source: str, lead_id: str) -> float:
+    collection = store.collection(source, lead_id)
+    assert collection is not None and collection.last_success_at is not None
+    return collection.last_success_at.timestamp()
+
+
+def test_a_materialization_says_when_its_fixed_cadence_source_looks_at_the_lead_next_and_why(world) -> None:
+    settings, lead, instance, store = world
+    spec = load_catalog(settings.sources_path).get("robust")  # recrawl_every: 6h
+    assert _materialize(spec, lead, instance).success
+    metadata = _stored_metadata(instance, "robust", lead.id)
+    assert isinstance(metadata["next_due"], TimestampMetadataValue)
+    assert metadata["next_due"].value == pytest.approx(_collected_at(store, "robust", lead.id) + 6 * 3600)
+    assert metadata["cadence"].value == "fixed cadence: every 6 h"
+
+
+LEARNED_YAML = """
+sources:
+  - name: learned
+    adapter: json_api
+    lead_kinds: [domain]
+    request:
+      url: "${INVESTIGATIONS_SANDBOX_URL}/robust/api/lookup?kind={kind}&q={value}"
+    parse:
+      records_path: results
+      record_key: id
+      fields: {type: type, value: value, first_seen: first_seen, url: source_url}
+    recrawl: {min: 1h, max: 30d, every: 6h}
+"""
+
+
+def test_a_materialization_of_a_learned_cadence_reads_its_source_s_last_plan(world, tmp_path: Path) -> None:
+    _, lead, instance, store = world
+    path = tmp_path / "learned.yaml"
+    path.write_text(LEARNED_YAML)
+    catalog = load_sources(path)
+    spec = catalog.get("learned")
+    assert _materialize(spec, lead, instance, sources_path=str(path)).success
+    assert "not planned yet" in _stored_metadata(instance, "learned", lead.id)["cadence"].value
+    plan_recurring(store, catalog)  # the recurring planner's pass keeps the source's plan
+    assert _materialize(spec, lead, instance, sources_path=str(path)).success
+    metadata = _stored_metadata(instance, "learned", lead.id)
+    # Its source's only lead: the budget of one lead every 6 h (`every`) is all its own.
+    assert metadata["cadence"].value.endswith("so every 6 h")
+    assert metadata["next_due"].value == pytest.approx(_collected_at(store, "learned", lead.id) + 6 * 3600, rel=1e-3)
+    assert metadata["changes_per_day"].value == pytest.approx(4.0, rel=1e-2)
+
+
+def test_a_materialization_of_a_lead_not_collected_again_has_no_next_due_and_says_so(world) -> None:
+    settings, lead, instance, store = world
+    store.set_case_status("case-1", "closed")
+    spec = load_catalog(settings.sources_path).get("robust")
+    assert _materialize(spec, lead, instance).success
+    metadata = _stored_metadata(instance, "robust", lead.id)
+    assert "next_due" not in metadata
+    assert metadata["cadence"].value == "not collected again: only closed cases hold it"
 
 
 def test_without_an_identities_file_the_materialization_names_the_direct_identity(world) -> None:
@@ -404,3 +473,4 @@ def test_check_results_are_due_at_a_full_group_or_once_the_oldest_has_waited() -
         assert not checks.due()
         checks.add("lead-last", _passing(), [])
         assert checks.due()
+

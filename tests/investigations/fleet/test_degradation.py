@@ -19,10 +19,11 @@ from investigations.fleet.degradation import (
     freshness_verdict,
     judge_source,
     missing_fields,
+    stale_after_s,
     volume_verdict,
 )
 from investigations.intake.leads import normalize_lead
-from investigations.sources.specs import load_sources
+from investigations.sources.specs import load_sources, parse_sources
 from investigations.store import SourceIncident, StateStore
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -113,6 +114,52 @@ def test_freshness_warns_under_90_percent_and_fails_as_an_error_under_half(ages_
     monitored = [(f"l{i}", NOW - timedelta(hours=h)) for i, h in enumerate(ages_h)]
     verdict = freshness_verdict(monitored, cadence_s=6 * 3600, now=NOW)
     assert (verdict.passed, verdict.severity) == (passed, severity)
+
+
+LEARNED_MAX_S = 30 * 86400
+
+
+@pytest.mark.parametrize(
+    ("interval_h", "age_h", "fresh"),
+    [
+        pytest.param(2, 1, True, id="within-its-interval"),
+        pytest.param(2, 2.9, True, id="late-within-half-its-interval"),
+        # Overdue against its own interval though well within recrawl.max: stale.
+        pytest.param(2, 4, False, id="overdue-within-max"),
+        pytest.param(48, 60, True, id="long-interval-late-within-half"),
+        pytest.param(48, 73, False, id="long-interval-overdue"),
+        # A short interval's grace is at least one window (1 h here), not half of 20 min.
+        pytest.param(1 / 3, 1.2, True, id="short-interval-within-a-window"),
+        pytest.param(1 / 3, 1.4, False, id="short-interval-past-a-window"),
+    ],
+)
+def test_on_a_learned_cadence_a_lead_is_held_to_its_own_interval_plus_its_grace_not_to_max(
+    interval_h: float, age_h: float, fresh: bool
+) -> None:
+    verdict = freshness_verdict([("a", NOW - timedelta(hours=age_h))], cadence_s=LEARNED_MAX_S, now=NOW,
+                                intervals_s={"a": interval_h * 3600}, window_s=3600)
+    assert verdict.passed is fresh and verdict.details["stale_leads"] == (0 if fresh else 1)
+
+
+@pytest.mark.parametrize(
+    ("interval_s", "window_s", "allowed_s"),
+    [(7200, 3600, 10_800), (86_400, 3600, 129_600), (1200, 3600, 4800), (3600, 3600, 7200)],
+)
+def test_a_learned_lead_s_grace_is_half_its_interval_and_at_least_one_window(interval_s, window_s, allowed_s) -> None:
+    assert stale_after_s(interval_s, window_s=window_s) == allowed_s
+
+
+def test_on_a_learned_cadence_a_lead_the_plan_leaves_out_is_held_to_max_and_the_verdict_names_its_rule() -> None:
+    monitored = [("planned", NOW - timedelta(days=3)), ("left-out", NOW - timedelta(days=29)),
+                 ("overdue", NOW - timedelta(days=31))]
+    verdict = freshness_verdict(monitored, cadence_s=LEARNED_MAX_S, now=NOW, window_s=3600,
+                                intervals_s={"planned": 86_400.0, "overdue": 86_400.0})
+    assert verdict.examples == ["overdue", "planned"]  # most overdue first; left-out is within max
+    assert "their own planned interval" in verdict.description
+    assert str(verdict.details["rule"]).startswith("learned cadence") and verdict.details["median_interval_s"] == 86_400
+    fixed = freshness_verdict(monitored, cadence_s=LEARNED_MAX_S, now=NOW)
+    assert fixed.examples == ["overdue"] and "fixed cadence" in fixed.description
+    assert str(fixed.details["rule"]).startswith("fixed cadence") and fixed.details["cadence_s"] == LEARNED_MAX_S
 
 
 @pytest.mark.parametrize(
@@ -227,6 +274,34 @@ def test_a_silently_empty_source_is_judged_stale_and_its_canary_failing_from_the
     assert verdicts["fresh"].passed is False and verdicts["fresh"].details["monitored_leads"] == 2  # the canary is in no case
     assert verdicts["canaries"].passed is False and "canary.example" in verdicts["canaries"].examples[0]
     assert verdicts["refusals"].passed is False and verdicts["refusals"].severity == "error"
+
+
+LEARNED = parse_sources("""
+sources:
+  - name: learned
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://learned.example/api?q={value}"}
+    recrawl: {min: 1h, max: 30d, every: 6h}
+""").get("learned")
+
+
+def test_a_learned_source_judges_each_lead_against_its_own_cadence_from_the_store(store) -> None:
+    learned = LEARNED
+    busy, calm = normalize_lead("domain", "busy.example"), normalize_lead("domain", "calm.example")
+    for lead in (busy, calm):
+        store.add_lead(lead, case_id="case-1")
+    # Visited every 6 h for two days until 12 h ago: busy changed each time, calm never.
+    for hour in range(0, 48, 6):
+        at = NOW - timedelta(hours=54 - hour)
+        for lead, content in ((busy, f"b{hour}"), (calm, "same")):
+            store.complete_collection(source="learned", lead_id=lead.id, outcome="ok", records=1, content_hash=content,
+                                      path="/p", run_id="r", now=at, change_prior_s=learned.recrawl.prior_s)
+    verdict = judge_source(store, learned, now=NOW)["fresh"]
+    # Both were last collected 12 h ago, far within recrawl.max (30 d): busy's own interval (under 4 h,
+    # so stale after under 6 h) is long past, calm's (over 16 h) is not.
+    assert (verdict.passed, verdict.examples, verdict.details["stale_leads"]) == (False, [busy.id], 1)
+    assert "their own planned interval" in verdict.description
 
 
 @pytest.mark.parametrize(("spent", "budget", "passed"), [(1.0, 5.0, True), (5.0, 5.0, False), (7.5, 5.0, False)])

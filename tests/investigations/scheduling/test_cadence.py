@@ -13,6 +13,7 @@ from investigations.scheduling.cadence import (
     ChangeHistory,
     LeadCadence,
     MonitoredLead,
+    SourcePlan,
     cadence_scale,
     change_rate,
     estimate_rates,
@@ -20,6 +21,7 @@ from investigations.scheduling.cadence import (
     observe,
     plan_revisits,
     plan_source,
+    planned_interval_s,
     prior_rate_per_s,
     recurring_budget_per_s,
     revisit_interval_s,
@@ -311,3 +313,37 @@ def test_a_source_s_plan_weighs_its_leads_by_their_cases_within_its_budget() -> 
     plan = plan_source(learned, monitored, now_s=0.0)
     assert plan.spend_per_s == pytest.approx(1.25 / (6 * H)) and plan.intervals_s[1] == pytest.approx(
         2 * plan.intervals_s[0])
+
+
+def test_one_lead_s_interval_under_its_source_s_last_plan_is_the_interval_that_plan_gave_it() -> None:
+    learned = CATALOG.get("learned")
+    monitored = [MonitoredLead(f"l{i}", 0.0, rate_per_s=rate, open_case=i % 2 == 0)
+                 for i, rate in enumerate((1 / H, 1 / DAY, 1 / (30 * DAY), 4 / DAY))]
+    plan = plan_source(learned, monitored, now_s=0.0)
+    kept = SourcePlan(plan.scale, plan.short)
+    alone = {lead.lead_id: planned_interval_s(learned, rate_per_s=lead.rate_per_s or 0.0, open_case=lead.open_case,
+                                              plan=kept) for lead in monitored}
+    assert alone == pytest.approx(dict(plan.by_lead))
+
+
+@pytest.mark.parametrize(
+    ("source", "rate_per_s", "open_case", "plan", "interval_s"),
+    [
+        # A fixed cadence needs no plan: every lead every `min`, whatever its rate.
+        ("fixed", 1 / H, True, None, 12 * H),
+        ("fixed", 1 / H, True, SourcePlan(1.0), 12 * H),
+        ("fixed", 1 / H, False, None, math.inf),  # only closed cases hold it: not collected again
+        # Not planned yet: as if every lead changed at the prior, a lead at the prior every `every` ...
+        ("learned", PRIOR, True, None, 6 * H),
+        # ... and one changing 4 times as often twice as often.
+        ("learned", 4 * PRIOR, True, None, 3 * H),
+        # A short budget's plan (c infinite): every lead at its max.
+        ("learned", 4 * PRIOR, True, SourcePlan(math.inf, short=True), 30 * DAY),
+    ],
+)
+def test_one_lead_s_interval_needs_no_plan_on_a_fixed_cadence_and_reads_a_prior_plan_before_the_first(
+    source: str, rate_per_s: float, open_case: bool, plan: SourcePlan | None, interval_s: float
+) -> None:
+    found = planned_interval_s(CATALOG.get(source), rate_per_s=rate_per_s, open_case=open_case, plan=plan)
+    assert found == pytest.approx(interval_s)
+

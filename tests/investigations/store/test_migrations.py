@@ -245,3 +245,29 @@ def test_a_version_9_database_migrates_and_each_lead_s_next_answer_is_compared_w
                               path="p", run_id="r2", now=later)
     history = store.change_history("robust", "domain-1")
     assert history is not None and history.visits == ((6 * 3600.0, True),)  # the first visit after the upgrade counts
+
+
+def test_a_version_11_database_migrates_and_a_source_has_no_plan_on_record_until_the_planner_s_next_pass(
+    engine: Engine, database: tuple[str, str | None]
+) -> None:
+    catalog = parse_sources("""
+sources:
+  - name: learned
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://learned.example/api?q={value}"}
+    recrawl: {min: 1h, max: 30d, every: 6h}
+""")
+    _, schema = database
+    assert migrate(engine, schema=schema, version=11) == 11
+    with engine.connect() as conn:
+        assert not inspect(conn).has_table("cadence_plans", schema=schema)
+    store = StateStore(engine, schema=schema)
+    assert versions(engine) == list(range(1, s.SCHEMA_VERSION + 1))
+    with engine.connect() as conn:
+        columns = [(c["name"], c["nullable"]) for c in inspect(conn).get_columns("cadence_plans", schema=schema)]
+    assert columns == [(c.name, c.nullable) for c in s.cadence_plans.columns]
+    assert store.cadence_plan("learned") is None
+    plan_recurring(store, catalog, now=V5_AT)
+    assert store.cadence_plan("learned") is not None
+

@@ -4,12 +4,13 @@ with its visits."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from investigations.intake.leads import normalize_lead
-from investigations.scheduling.cadence import HISTORY_VISITS, ChangeHistory, change_rate
+from investigations.scheduling.cadence import HISTORY_VISITS, ChangeHistory, SourcePlan, change_rate
 from investigations.store import StateStore
 from investigations.store.visits import decode_visits, encode_visits
 
@@ -123,3 +124,44 @@ def test_a_visit_keeps_its_lead_s_rate_for_its_source_s_prior_and_the_planner_re
     (row,) = store.cadence_leads("robust", lead_kinds=["domain"], prior_s=2 * PRIOR_S)
     assert row.rate_per_s == 1e-5
     store.keep_change_rates("robust", {}, prior_s=PRIOR_S)  # nothing to keep: nothing written
+
+
+
+@pytest.mark.parametrize("plan", [SourcePlan(1234.5), SourcePlan(math.inf, short=True), SourcePlan(0.0)])
+def test_a_source_s_last_plan_reads_back_as_kept_and_a_later_one_replaces_it(store: StateStore,
+                                                                            plan: SourcePlan) -> None:
+    assert store.cadence_plan("robust") is None  # not planned yet
+    store.keep_cadence_plan("robust", SourcePlan(99.0), now=T0)
+    store.keep_cadence_plan("robust", plan, now=hours(1))
+    assert store.cadence_plan("robust") == plan and store.cadence_plan("fragile") is None
+
+
+def test_one_collected_lead_reads_with_its_cases_dead_letter_and_its_source_s_plan(store: StateStore) -> None:
+    held, loose = LEAD, normalize_lead("domain", "loose.example")
+    store.add_lead(held, case_id="case-closed", now=T0)
+    store.set_case_status("case-closed", "closed")
+    store.add_lead(loose, now=T0)  # no case holds it
+    collect(store, at=T0, lead_id=held.id, prior_s=PRIOR_S)
+    collect(store, at=hours(6), lead_id=held.id, content_hash="b", prior_s=PRIOR_S)
+    collect(store, at=hours(1), lead_id=loose.id, outcome="empty", records=0)
+    store.put_dead_letter(source="robust", lead_id=loose.id, reason_group="transient", last_status=500,
+                          attempts=4, last_error="HTTP 500", now=hours(2))
+    store.keep_cadence_plan("robust", SourcePlan(500.0, short=True), now=hours(6))
+    known = store.planned_lead("robust", held.id, prior_s=PRIOR_S)
+    assert known is not None and known.plan == SourcePlan(500.0, short=True)
+    assert (known.lead.last_at_s, known.lead.open_case, known.in_case, known.dead_letter) == (
+        hours(6).timestamp(), False, True, False)
+    assert known.lead.rate_per_s == change_rate(((6 * 3600.0, True),), 1 / PRIOR_S)
+    assert (known.outcome, known.records) == ("ok", 3)
+    store.set_case_status("case-closed", "active")
+    reopened = store.planned_lead("robust", held.id, prior_s=PRIOR_S)
+    assert reopened is not None and reopened.lead.open_case
+    # Another prior: the visits, to estimate from.
+    other = store.planned_lead("robust", held.id, prior_s=2 * PRIOR_S)
+    assert other is not None and other.lead.rate_per_s is None and other.lead.visits == ((6 * 3600.0, True),)
+    loose_known = store.planned_lead("robust", loose.id, prior_s=PRIOR_S)
+    assert loose_known is not None and (loose_known.in_case, loose_known.dead_letter, loose_known.outcome) == (
+        False, True, "empty")
+    assert loose_known.lead.rate_per_s is None and loose_known.lead.visits == ()  # an empty answer is no visit
+    assert store.planned_lead("fragile", held.id, prior_s=PRIOR_S) is None  # never collected there
+
