@@ -1,6 +1,10 @@
-"""Test doubles shared by the suite: small, real-behaving stand-ins for time and for Slack."""
+"""Test doubles shared by the suite: small, real-behaving stand-ins for time and for Slack, and a
+probe of whether a call waits for SQLite's one writer."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from investigations.demo.slack import ApiCall, SlackStandIn
 
@@ -57,3 +61,29 @@ class FakeSlack:
 
     def close(self) -> None:
         self._api.close()
+
+
+def runs_without_the_write_lock(store: Any, call: Callable[[], object], *, wait_s: float = 5.0) -> bool:
+    """Whether `call` finishes on a SQLite state store while another connection holds its write lock
+    (as another process's writes would): a call that wrote, or read inside a write transaction,
+    waits for the lock (the busy timeout is 30 s), so it is still waiting after `wait_s`."""
+    import threading
+
+    from investigations.store import StateStore
+
+    writer = StateStore.from_url(str(store.engine.url))
+    done = threading.Event()
+
+    def run() -> None:
+        call()
+        done.set()
+
+    try:
+        with writer.engine.begin() as conn:  # BEGIN IMMEDIATE: the write lock, held until the block ends
+            conn.exec_driver_sql("SELECT 1")
+            threading.Thread(target=run, daemon=True).start()
+            finished = done.wait(wait_s)
+        done.wait(wait_s)  # a call that waited finishes once the lock is free, before the store closes
+        return finished
+    finally:
+        writer.close()

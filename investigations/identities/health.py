@@ -161,6 +161,11 @@ def next_health(
         health = replace(health, state="healthy", score=0.0, rest_until_s=None, successes_in_row=0)
     match event:
         case "success":
+            if health.score == 0 and health.rests == 0:
+                # Nothing to repay and no rest to forgive: a clean identity stays as it is, and the
+                # pool need not write it back (every answer reports, and the state store's writes
+                # queue behind one writer on SQLite).
+                return health
             streak = health.successes_in_row + 1
             rests = health.rests
             if streak >= policy.forgive_rests_after_successes:

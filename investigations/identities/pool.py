@@ -286,13 +286,21 @@ class IdentityPool:
         """
         now = self._clock()
         event = health_event(verdict, status, self.policy)
+        slot = select(_L.c.fencing_token, _L.c.lease_id, _L.c.released, _L.c.expires_at_s).where(
+            _L.c.source == lease.source, _L.c.identity_id == lease.identity_id
+        )
+        if event in ("none", "success") and self._rank(lease) <= lease.tier_floor:
+            # Read first, without the write lock (SQLite has one writer, and every answer reports):
+            # a source's fault, or a success of an identity with nothing to forgive, writes nothing.
+            with self._store.reading() as conn:
+                if not _current(conn.execute(slot).first(), lease, now):
+                    return False
+                before = _read_health(conn, lease.identity_id, lease.source) or HEALTHY
+                if event == "none" or next_health(before, event, now_s=now, policy=self.policy,
+                                                  rng=self._rng) == before:
+                    return True
         with self._tx() as conn:
-            slot = select(_L.c.fencing_token, _L.c.lease_id, _L.c.released, _L.c.expires_at_s).where(
-                _L.c.source == lease.source, _L.c.identity_id == lease.identity_id
-            )
-            current = conn.execute(slot.with_for_update() if self._pg else slot).first()
-            if (current is None or current.fencing_token != lease.fencing_token or current.lease_id != lease.lease_id
-                    or current.released or current.expires_at_s <= now):
+            if not _current(conn.execute(slot.with_for_update() if self._pg else slot).first(), lease, now):
                 return False
             if event == "none":
                 return True  # the source's fault: nothing to hold against the identity
@@ -303,10 +311,13 @@ class IdentityPool:
                         keys=["identity_id", "source"], update=_HEALTH_COLUMNS)
             if flagged(before, after):
                 self._maybe_rest_range(conn, lease, now)
-            rank = self._ranks.get(lease.identity.tier, 0)
+            rank = self._rank(lease)
             if rank > lease.tier_floor:  # only an escalated tier can step down
                 self._update_tier(conn, lease, rank, event, now)
         return True
+
+    def _rank(self, lease: Lease) -> int:
+        return self._ranks.get(lease.identity.tier, 0)
 
     # -- reading state (tests, fleet status, CLI) ---------------------------------------------
 
@@ -449,3 +460,9 @@ def _health_row(identity_id: str, source: str, health: IdentityHealth, now: floa
     return {"identity_id": identity_id, "source": source, "score": health.score, "state": health.state,
             "rests": health.rests, "rest_until_s": health.rest_until_s, "flagged_at_s": health.flagged_at_s,
             "successes_in_row": health.successes_in_row, "updated_at_s": now}
+
+
+def _current(slot: Any, lease: Lease, now: float) -> bool:
+    """Whether the lease row `slot` still holds `lease`: its fencing token and id, not released, not expired."""
+    return not (slot is None or slot.fencing_token != lease.fencing_token or slot.lease_id != lease.lease_id
+                or slot.released or slot.expires_at_s <= now)

@@ -54,8 +54,9 @@ class CookieStore:
         self._lock: threading.Lock | nullcontext[None] = nullcontext() if self._pg else threading.Lock()
 
     def load(self, identity_id: str) -> httpx.Cookies:
-        """The identity's stored cookies, expired ones left out (empty for a new identity)."""
-        with self._store.engine.begin() as conn:
+        """The identity's stored cookies, expired ones left out (empty for a new identity). A read
+        only: on SQLite it waits for no writer (every collection opens a session)."""
+        with self._store.reading() as conn:
             stored = _read(conn, identity_id)
         now = self._clock()
         cookies = httpx.Cookies()
@@ -69,10 +70,14 @@ class CookieStore:
 
         Cookies in `cookies` replace stored ones with the same (domain, path, name); stored cookies
         it lacks stay, unless they are in `base` (the jar this run loaded) and so were deleted by the
-        site during the run. Expired cookies are dropped.
+        site during the run. Expired cookies are dropped. A jar the run left as it loaded it (`base`)
+        has nothing to merge, and is not written: most collections set no cookie, and each write
+        would wait for the state store's one writer (on SQLite) for nothing.
         """
         now = self._clock()
         fresh = {_key(c): _from_cookie(c) for c in cookies.jar}
+        if base is not None and fresh == {_key(c): _from_cookie(c) for c in base.jar}:
+            return
         gone = {_key(c) for c in base.jar} - set(fresh) if base is not None else set()
         with self._tx() as conn:
             if self._pg:

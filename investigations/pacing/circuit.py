@@ -113,6 +113,10 @@ class Circuits:
         everyone else waits while the probe is out.
         """
         now = self._clock()
+        # Read first, without the write lock (SQLite has one writer, and every collection asks):
+        # a closed circuit, as nearly always, needs nothing written.
+        if self._closed(source):
+            return CircuitDecision(allowed=True, probe=False, reason="closed", retry_in_s=0.0)
         with self._store.engine.begin() as conn:
             current = _read(conn, source)
             if current is None or current.state == "closed":
@@ -148,8 +152,13 @@ class Circuits:
         )
 
     def record(self, source: str, policy: CircuitSpec, *, success: bool) -> CircuitState:
-        """Apply a collection's result to the source's circuit (one transaction) and return the new state."""
+        """Apply a collection's result to the source's circuit (one transaction) and return the new state.
+        A success that changes nothing (a closed circuit with no failure in its streak) is only read:
+        the state store has one writer on SQLite, and nearly every collection is such a success."""
         now = self._clock()
+        if success and (current := self.state(source)) is not None and current == next_state(
+                current, "success", now_s=now, policy=policy):
+            return current
         with self._store.engine.begin() as conn:
             insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(_T)
             # Insert-if-missing first, so the locking read below always finds a row to lock.
@@ -175,14 +184,19 @@ class Circuits:
             )
         return new
 
+    def _closed(self, source: str) -> bool:
+        """Whether the stored circuit is closed (no row yet: closed); a read."""
+        current = self.state(source)
+        return current is None or current.state == "closed"
+
     def state(self, source: str) -> CircuitState | None:
         """The stored circuit of `source`, or None if it never recorded a result (i.e. closed)."""
-        with self._store.engine.begin() as conn:
+        with self._store.reading() as conn:
             return _read(conn, source)
 
     def all_states(self) -> dict[str, CircuitState]:
         """Every stored circuit by source name (for the fleet status and the CLI)."""
-        with self._store.engine.begin() as conn:
+        with self._store.reading() as conn:
             rows = conn.execute(select(_T).order_by(_T.c.source)).mappings().all()
         return {row["source"]: _from_row(row) for row in rows}
 

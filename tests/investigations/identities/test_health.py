@@ -46,7 +46,9 @@ def h(state: str = "healthy", score: float = 0.0, rests: int = 0, until: float |
         (HEALTHY, "failure", h(score=1.0)),
         (h(score=1.0, streak=3), "failure", h(score=2.0)),
         (h(score=2.0), "success", h(score=1.5, streak=1)),
-        (h(score=0.0, streak=1), "success", h(score=0.0, streak=2)),
+        (h(score=0.5, streak=1), "success", h(score=0.0, streak=2)),
+        # a clean identity (no score, no rest to forgive) stays exactly as it is: nothing to write back
+        (h(score=0.0, streak=1), "success", h(score=0.0, streak=1)),
         # the source's own faults change nothing
         (h(score=2.0, streak=1), "none", h(score=2.0, streak=1)),
         # reaching the limit rests it: 300 s for the first rest, score back to 0

@@ -15,7 +15,7 @@ from investigations.identities.pool import Lease, identity_lane_name
 from investigations.pacing import GapSampler, RateLanes
 from investigations.pacing.lanes import LaneSpec, identity_lane
 from investigations.store import StateStore
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, runs_without_the_write_lock
 
 NOW = 1_000_000.0
 TTL_S = 30.0
@@ -161,6 +161,24 @@ def test_a_report_after_expiry_is_refused_even_before_anyone_takes_over(pool: Id
     lease = take(pool)
     clock.now += TTL_S
     assert pool.report(lease, "ok", status=200) is False
+
+
+def test_a_clean_identity_s_success_is_read_not_written(sqlite_store: StateStore, clock: FakeClock) -> None:
+    """Every answer reports; a success of an identity with no score and no rest to forgive changes
+    nothing, so it does not wait for SQLite's one writer. A success after a failure repays half a
+    point, and is written."""
+    pool = IdentityPool(sqlite_store, FLEET, clock=clock, rng=Fixed())  # type: ignore[arg-type]
+    try:
+        lease = take(pool)
+        assert pool.report(lease, "ok", status=200)
+        assert runs_without_the_write_lock(sqlite_store, lambda: pool.report(lease, "ok", status=200))
+        assert pool.report(lease, "identity_fault", status=429)
+        assert not runs_without_the_write_lock(sqlite_store, lambda: pool.report(lease, "ok", status=200),
+                                               wait_s=1.0)
+        health = pool.health(lease.identity_id, "src")
+        assert health is not None and health.score == pytest.approx(0.5)
+    finally:
+        pool.close()
 
 
 def test_a_released_lease_cannot_report(pool: IdentityPool) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from investigations.identities import CookieStore
 from investigations.store import StateStore
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, runs_without_the_write_lock
 
 NOW = 1_000_000.0
 
@@ -72,6 +72,22 @@ def test_a_cookie_the_site_deleted_during_the_run_is_deleted_from_the_store(stor
     CookieStore(store, clock=clock).save("dc1_a", jar(("other_run", "y", "example.org")))  # meanwhile
     cookies.save("dc1_a", during, base=base)
     assert as_set(cookies.load("dc1_a")) == {("sid", "abc", "example.com", "/"), ("other_run", "y", "example.org", "/")}
+
+
+def test_a_jar_the_run_left_as_it_loaded_it_is_not_written_and_loading_waits_for_no_writer(
+    sqlite_store: StateStore, clock: FakeClock
+) -> None:
+    """Every collection opens a session (a load) and closes it (a save): most set no cookie, and
+    neither their load nor their save waits for SQLite's one writer."""
+    store = CookieStore(sqlite_store, clock=clock)
+    store.save("id1", jar(("sid", "1", "a.example")))
+    loaded: list[httpx.Cookies] = []
+    assert runs_without_the_write_lock(sqlite_store, lambda: loaded.append(store.load("id1")))
+    base = loaded[0]
+    assert runs_without_the_write_lock(sqlite_store, lambda: store.save("id1", base, base=base))
+    changed = jar(("sid", "2", "a.example"))
+    assert not runs_without_the_write_lock(sqlite_store, lambda: store.save("id1", changed, base=base), wait_s=1.0)
+    assert as_set(store.load("id1")) == {("sid", "2", "a.example", "/")}
 
 
 def test_expired_cookies_are_not_loaded(store: StateStore, clock: FakeClock) -> None:

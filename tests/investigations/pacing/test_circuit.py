@@ -10,7 +10,7 @@ from investigations.pacing import Circuits
 from investigations.pacing.circuit import CLOSED, CircuitState, next_state
 from investigations.sources.specs import CircuitSpec
 from investigations.store import StateStore
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, runs_without_the_write_lock
 
 POLICY = CircuitSpec(failure_threshold=3, cooldown_s=10.0, max_cooldown_s=60.0)
 NOW = 1_000.0
@@ -145,3 +145,18 @@ def test_all_states_lists_every_recorded_source(circuits: Circuits) -> None:
     circuits.record("b", POLICY, success=True)
     circuits.record("a", POLICY, success=False)
     assert circuits.all_states() == {"a": circuit("closed", 1), "b": CLOSED}
+
+
+def test_a_closed_circuit_admits_and_records_a_success_without_waiting_for_a_writer(
+    sqlite_store: StateStore, clock: FakeClock
+) -> None:
+    """Every collection asks the circuit and reports to it; a closed circuit with a clean streak,
+    nearly always the case, is read, not written, so it never waits for SQLite's one writer."""
+    circuits = Circuits(sqlite_store, clock=clock)
+    circuits.record("src", POLICY, success=True)  # the row exists
+    assert runs_without_the_write_lock(sqlite_store, lambda: circuits.allow("src", POLICY))
+    assert runs_without_the_write_lock(sqlite_store, lambda: circuits.record("src", POLICY, success=True))
+    fail(circuits, 1)  # a failure in the streak: the next success clears it, and is written
+    assert not runs_without_the_write_lock(sqlite_store, lambda: circuits.record("src", POLICY, success=True),
+                                           wait_s=1.0)
+    assert circuits.state("src") == CLOSED
