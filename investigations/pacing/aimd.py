@@ -68,17 +68,23 @@ def on_success(state: AimdState, now: float, spec: ThrottleSpec) -> AimdState:
     return replace(state, rate_factor=min(1.0, state.rate_factor + spec.probe_step))
 
 
-def cuts_shared_lanes(*, sent_as_identity: bool, other_identity_cut_s: float | None, now: float,
-                      spec: ThrottleSpec, retry_after: bool = False) -> bool:
+def cuts_shared_lanes(*, sent_as_identity: bool, others_cut: int, others: int, spec: ThrottleSpec,
+                      retry_after: bool = False) -> bool:
     """Whether a throttle signal cuts the lanes a request shares with the source's other identities
     (the source lane), or only the lane of the identity it was sent as.
 
     A site with a limit per address refuses the one address that sends too fast; a site-wide limit
-    refuses whoever asks next, so its refusals reach several identities. One identity refused, with
-    no other identity of the source cut within `corroborate_s`, says nothing about the site-wide
-    rate: cutting the shared lane for it would slow every identity (and, under a per-address limit,
-    take the source lane below the site's real limit, one identity's refusal after another). With
-    spare identities, one identity slowed costs the source nothing. A request sent without an
+    refuses whoever asks next, so its refusals reach several identities within a second or two.
+    `others_cut` of the source's `others` identities (those with a lane: they have sent) were cut
+    within `corroborate_s`; the shared lanes are cut when that makes `corroborate_identities` with
+    this one (fewer when the source has fewer identities, at least one other). One identity
+    refused says nothing about the site-wide rate: cutting the shared lane for it would slow every
+    identity (and, under a per-address limit, take the source lane below the site's real limit,
+    one identity's refusal after another). Nor do two refusals of a large pool within seconds:
+    eight identities configured too fast, each probing back up after its cut, were refused by their
+    own address's limit a few times a minute, and every pair within 10 s cut the source lane again,
+    down to 0.6 of the site's limit (`bench.product`'s `high4`). With spare identities, one
+    identity slowed costs the source nothing. A request sent without an
     identity has only shared lanes: they are cut. So is every lane when the site said when to come
     back (`retry_after`): it spoke, and a site-wide limit that answers with Retry-After refuses so
     rarely once obeyed that its refusals seldom reach two identities within the window (measured:
@@ -86,7 +92,7 @@ def cuts_shared_lanes(*, sent_as_identity: bool, other_identity_cut_s: float | N
     """
     if not sent_as_identity or retry_after or spec.corroborate_s <= 0:
         return True
-    return other_identity_cut_s is not None and now - other_identity_cut_s < spec.corroborate_s
+    return others_cut >= max(1, min(spec.corroborate_identities - 1, others))
 
 
 def decrease(factor: float, spec: ThrottleSpec) -> float:

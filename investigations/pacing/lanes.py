@@ -75,13 +75,14 @@ def is_identity_lane(name: str) -> bool:
     return name.startswith(IDENTITY_LANE_PREFIX)
 
 
-def _other_identity_cut_s(conn: Connection, identity: Sequence[LaneSpec]) -> float | None:
-    """When another identity of the same source (not one of `identity`) was last cut; None: never."""
+def _other_identities_cut(conn: Connection, identity: Sequence[LaneSpec], *, since_s: float) -> tuple[int, int]:
+    """Of the same source's other identities (not `identity`; those with a lane, so that have sent):
+    how many were cut after `since_s`, and how many there are."""
     prefixes = sorted({lane.name.rsplit(":", 1)[0] + ":" for lane in identity})
     same_source = or_(*(func.substr(_T.c.lane, 1, len(prefix)) == prefix for prefix in prefixes))
-    latest = conn.execute(select(func.max(_T.c.last_cut_s)).where(
-        same_source, _T.c.lane.not_in([lane.name for lane in identity]))).scalar()
-    return None if latest is None or latest == aimd.NEVER_CUT_S else float(latest)
+    cut, total = conn.execute(select(func.count().filter(_T.c.last_cut_s > since_s), func.count()).where(
+        same_source, _T.c.lane.not_in([lane.name for lane in identity]))).one()
+    return int(cut or 0), int(total or 0)
 
 
 def identity_lane(spec: SourceSpec, identity_id: str) -> LaneSpec:
@@ -152,14 +153,14 @@ class RateLanes:
                 max_ahead_intervals: float | None = None) -> Reservation:
         """Reserve the next slot on every lane in one transaction; the caller sleeps `wait_s`, then sends.
 
-        Per lane: interval = 1 / (rate x factor), burst tolerance tau = (burst - 1) x interval,
-        start = max(tat, now, not_before), the slot opens at max(now, start - tau, not_before), and the
-        TAT moves to start + interval x (1 + a small heavy-tailed slack): slots are never closer than
-        GCRA allows, so they never exceed what a strict limiter allows, and their phase wanders. The
-        request then leaves a heavy-tailed delay after its slot opens (see jitter), which is what
-        makes the sends irregular. When the wait exceeds `max_wait_s` nothing is reserved (rolled
-        back) and `granted` is False, so the caller can park the work instead of holding a worker
-        asleep. When the rhythm guard finds the planned send would close too regular a run of gaps
+        Per lane: interval = 1 / (rate x factor), burst tolerance tau = (burst' - 1) x interval with
+        the burst scaled like the rate (`effective_burst`), start = max(tat, now, not_before), the
+        slot opens at max(now, start - tau, not_before), and the TAT moves to start + interval x
+        (1 + a small heavy-tailed slack): slots are never closer than GCRA allows, so they never
+        exceed what a strict limiter allows, and their phase wanders. The request then leaves a
+        heavy-tailed delay after its slot opens (see jitter), which is what makes the sends
+        irregular. When the wait exceeds `max_wait_s` nothing is reserved (rolled back) and
+        `granted` is False, so the caller can park the work instead of holding a worker asleep. When the rhythm guard finds the planned send would close too regular a run of gaps
         on a guarded lane, nothing is reserved either; the lane's floor moves to the first moment
         that breaks the run, and `rhythm_extra_s` says so: ask again after `wait_s`.
 
@@ -247,11 +248,11 @@ class RateLanes:
         right-hand sides of an UPDATE read the row as it was, as the reference does). A throttle of
         a request sent as one of the pool's identities (`pooled_identity`: through its proxy, one
         address among several; not the fleet's own direct address, the only one it has without a
-        pool) cuts that identity's lane, and the source's shared lanes only when another identity of
-        the source was cut within `corroborate_s` or the answer carried a Retry-After
-        (`aimd.cuts_shared_lanes`). A Retry-After is a hard floor on every lane: nothing leaves it
-        before now + retry_after_s, whatever burst is left, even when the signal falls in the hold
-        after a cut.
+        pool) cuts that identity's lane, and the source's shared lanes only when enough other
+        identities of the source were cut within `corroborate_s` (`corroborate_identities` in all)
+        or the answer carried a Retry-After (`aimd.cuts_shared_lanes`). A Retry-After is a hard
+        floor on every lane: nothing leaves it before now + retry_after_s, whatever burst is left,
+        even when the signal falls in the hold after a cut.
 
         Returns whether the signal was a throttle of a pooled identity that fell in its lane's hold
         (`cut_hold_s` after the lane's last cut), so did not cut it: the same episode of being too
@@ -264,6 +265,11 @@ class RateLanes:
         floor = now + retry_after_s if retry_after_s is not None and retry_after_s > 0 else None
         if not (throttled or succeeded or floor is not None):
             return False  # nothing to learn from it: leave the row alone rather than write a no-op
+        if succeeded and floor is None and self._all_at_full_rate(lanes):
+            # A success changes nothing on a lane at its full rate (aimd.on_success): read, not written,
+            # since every write waits for the state store's one writer on SQLite, and most answers
+            # are successes of lanes never cut.
+            return False
         identity = [lane for lane in lanes if is_identity_lane(lane.name)] if pooled_identity else []
         with self._store.engine.begin() as conn:
             greatest, least = _max_min(conn)
@@ -279,9 +285,9 @@ class RateLanes:
                 changes["last_cut_s"] = case((held, last_cut), else_=now)
                 first = aimd.on_throttle(first, now, throttle)
                 if identity and throttle.corroborate_s > 0 and floor is None:
-                    cuts_shared = aimd.cuts_shared_lanes(
-                        sent_as_identity=True, other_identity_cut_s=_other_identity_cut_s(conn, identity), now=now,
-                        spec=throttle)
+                    others_cut, others = _other_identities_cut(conn, identity, since_s=now - throttle.corroborate_s)
+                    cuts_shared = aimd.cuts_shared_lanes(sent_as_identity=True, others_cut=others_cut, others=others,
+                                                         spec=throttle)
             elif succeeded:  # the SQL twin of aimd.on_success
                 goal = ceiling * (1.0 - throttle.ceiling_margin)
                 changes["rate_factor"] = case(
@@ -307,6 +313,13 @@ class RateLanes:
                 else:
                     conn.execute(stmt)
         return repeat
+
+    def _all_at_full_rate(self, lanes: Sequence[LaneSpec]) -> bool:
+        """Whether every lane has its row and runs at its configured rate (factor 1)."""
+        names = {lane.name for lane in lanes}
+        with self._store.reading() as conn:
+            factors = conn.execute(select(_T.c.rate_factor).where(_T.c.lane.in_(names))).scalars().all()
+        return len(factors) == len(names) and all(factor >= 1.0 for factor in factors)
 
     def state(self, name: str) -> LaneState | None:
         """The stored state of one lane, or None before its first request."""
@@ -340,10 +353,24 @@ class RateLanes:
         interval = 1.0 / (lane.rate_per_s * factor)
         gap = units * interval
         start = tat - gap
-        tau = (lane.burst - 1) * interval
+        tau = (effective_burst(lane.burst, factor) - 1) * interval
         # The burst tolerance lets a request go up to tau before its slot; Retry-After is a hard floor.
         return _Slot(lane=lane, start_s=start, gap_s=gap, interval_s=interval,
                      send_at_s=max(now, start - tau, not_before), recent_sends_s=_parse_sends(recent_sends))
+
+
+def effective_burst(burst: int, factor: float) -> float:
+    """The back-to-back allowance of a lane at AIMD `factor`: its configured burst scaled like its rate,
+    never below one request.
+
+    GCRA's tolerance is (burst - 1) intervals, and a slowed lane's interval is longer: a burst kept
+    whole would let the lane save up credit over a window 1 / factor times as long, and a source
+    that refused it for sending too fast would see the same burst of sends after every lull. A
+    source configured 4x too fast has its burst 4x too large as well (bench.product's `high4`: bursts
+    of 20 into a site-wide zone of 5 kept the source lane being cut, down to 0.6 of the ceiling).
+    Scaled, the allowance lasts as many seconds as configured at any factor, and a lane never cut
+    (factor 1) keeps its burst exactly."""
+    return max(1.0, burst * factor)
 
 
 def delay_scale_s(slots: Sequence[_Slot]) -> float:

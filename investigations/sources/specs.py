@@ -92,7 +92,8 @@ class ThrottleSpec(_Model):
     A cut remembers the factor that was throttled (the ceiling): successes climb back by
     `increase_step` to `ceiling_margin` under it, hold there `ceiling_hold_s`, then probe upward by
     `probe_step`. A request sent as an identity cuts that identity's lane; the source's lane only
-    with a second identity's cut within `corroborate_s` (see `aimd.cuts_shared_lanes`).
+    when `corroborate_identities` of its identities were cut within `corroborate_s` (see
+    `aimd.cuts_shared_lanes`).
     """
 
     decrease_factor: float = Field(default=0.5, gt=0, lt=1)  # rate *= this on a throttle signal
@@ -102,10 +103,13 @@ class ThrottleSpec(_Model):
     ceiling_margin: float = Field(default=0.1, ge=0, lt=1)  # climb back to ceiling x (1 - this)
     ceiling_hold_s: float = Field(default=120.0, ge=0)  # then stay there this long after the cut
     probe_step: float = Field(default=0.005, gt=0, le=1)  # then factor += this on a success, up to 1
-    # A throttle of a request sent as an identity cuts the source's shared lane only when another of
-    # its identities was cut this recently (0: always): a site-wide limit refuses every identity, a
-    # per-address limit only the one sending too fast.
-    corroborate_s: float = Field(default=10.0, ge=0)
+    # A throttle of a request sent as an identity cuts the source's shared lane only when this many
+    # of its identities (this one included; at most as many as have sent) were cut within
+    # `corroborate_s` (0: always): a site-wide limit refuses whoever asks next, so its refusals
+    # reach several identities within a second or two; a per-address limit refuses the one address
+    # sending too fast, and two such within a long window are a coincidence of a large pool.
+    corroborate_s: float = Field(default=3.0, ge=0)
+    corroborate_identities: int = Field(default=3, ge=2)
     park_after_s: Positive = 120.0  # a collection throttled this long is parked, not failed
 
     @model_validator(mode="after")

@@ -124,20 +124,20 @@ def test_is_throttle_signal(outcome: Outcome, timed_out: bool, expected: bool) -
 
 
 @pytest.mark.parametrize(
-    ("sent_as_identity", "other_cut_ago_s", "expected"),
+    ("sent_as_identity", "others_cut", "others", "expected"),
     [
-        (False, None, True),  # no identity: the shared lanes are the only ones it travelled
-        (True, None, False),  # no other identity ever cut: a limit on this address
-        (True, 3.0, True),  # another identity cut 3 s ago: the site refuses everyone
-        (True, 10.0, False),  # at corroborate_s, too long ago
+        (False, 0, 0, True),  # no identity: the shared lanes are the only ones it travelled
+        (True, 0, 7, False),  # no other identity cut within corroborate_s: a limit on this address
+        (True, 1, 7, False),  # one other in a pool of eight: two addresses' own limits, by chance
+        (True, 2, 7, True),  # three identities refused within seconds: the site refuses everyone
+        (True, 1, 1, True),  # a pool of two: the other one is all the corroboration there can be
+        (True, 0, 0, False),  # the only identity that has sent: its lane alone is cut
     ],
 )
-def test_cuts_shared_lanes(sent_as_identity: bool, other_cut_ago_s: float | None, expected: bool) -> None:
-    spec = ThrottleSpec(corroborate_s=10.0)
-    now = 1_000.0
-    other = None if other_cut_ago_s is None else now - other_cut_ago_s
-    assert aimd.cuts_shared_lanes(sent_as_identity=sent_as_identity, other_identity_cut_s=other, now=now,
+def test_cuts_shared_lanes(sent_as_identity: bool, others_cut: int, others: int, expected: bool) -> None:
+    spec = ThrottleSpec(corroborate_s=3.0, corroborate_identities=3)
+    assert aimd.cuts_shared_lanes(sent_as_identity=sent_as_identity, others_cut=others_cut, others=others,
                                   spec=spec) is expected
     # The site said when to come back: every lane obeys, corroborated or not.
-    assert aimd.cuts_shared_lanes(sent_as_identity=sent_as_identity, other_identity_cut_s=other, now=now,
+    assert aimd.cuts_shared_lanes(sent_as_identity=sent_as_identity, others_cut=others_cut, others=others,
                                   spec=spec, retry_after=True) is True

@@ -17,10 +17,10 @@ from sqlalchemy import event
 from investigations.collection.events import Outcome
 from investigations.pacing import GapSampler, RateLanes, aimd
 from investigations.pacing.jitter import RHYTHM_GAPS, RHYTHM_MIN_CV, RHYTHM_SENDS_KEPT
-from investigations.pacing.lanes import LaneSpec, identity_lane, source_lane
+from investigations.pacing.lanes import LaneSpec, effective_burst, identity_lane, source_lane
 from investigations.sources.specs import SourceSpec, ThrottleSpec
 from investigations.store import StateStore
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, runs_without_the_write_lock
 
 T0 = 1_000.0
 THROTTLE = ThrottleSpec(decrease_factor=0.5, increase_step=0.05, min_factor=0.05, cut_hold_s=2.0,
@@ -86,6 +86,25 @@ def test_an_idle_lane_saves_up_no_more_than_its_burst(lanes: RateLanes, clock: F
     waits(lanes, [lane], 5)
     clock.now += 60.0
     assert waits(lanes, [lane], 4) == pytest.approx([0.0, 0.0, 0.0, 0.1], abs=1e-9)
+
+
+def test_a_cut_lane_saves_up_a_burst_scaled_like_its_rate(lanes: RateLanes, clock: FakeClock) -> None:
+    """A lane cut to half its rate after a lull sends half its burst back to back, not all of it:
+    the allowance lasts as long as configured (0.3 s here), not twice as long."""
+    lane = LaneSpec("source:bursty", rate_per_s=10.0, burst=6)
+    throttle(lanes, lane)  # factor 0.5: 5/s, a burst of 3
+    clock.now += 60.0
+    assert waits(lanes, [lane], 5) == pytest.approx([0.0, 0.0, 0.0, 0.2, 0.4], abs=1e-9)
+
+
+@pytest.mark.parametrize(("burst", "factor", "allowed"), [
+    (6, 1.0, 6.0),  # never cut: the burst as configured
+    (6, 0.5, 3.0),
+    (20, 0.25, 5.0),  # a burst 4x too large, the rate cut to a quarter: nginx's own burst again
+    (2, 0.25, 1.0),  # never below one request
+])
+def test_the_effective_burst_scales_with_the_factor(burst: int, factor: float, allowed: float) -> None:
+    assert effective_burst(burst, factor) == pytest.approx(allowed)
 
 
 def test_a_slot_is_dated_from_when_the_lane_was_locked_not_from_before_waiting_for_the_lock(
@@ -352,6 +371,47 @@ def test_the_guard_keeps_every_window_of_a_near_regular_sampler_s_sends_above_th
     assert lowest_window_cv(sends) >= RHYTHM_MIN_CV - 1e-9
 
 
+def test_a_success_of_lanes_at_their_full_rate_writes_nothing(sqlite_store: StateStore, clock: FakeClock) -> None:
+    """Most answers are successes of lanes never cut, which change nothing (aimd.on_success at factor
+    1): they are read, not written, so they do not wait for SQLite's one writer."""
+    lanes = RateLanes(sqlite_store, sampler=GapSampler(random.Random(0), sigma=0.0, pause_probability=0.0),
+                      clock=clock)
+    lanes.reserve([TEN], max_wait_s=1.0)
+    assert runs_without_the_write_lock(sqlite_store, lambda: succeed(lanes, TEN))
+    throttle(lanes, TEN)  # now at half its rate: a success has something to win back, and is written
+    assert not runs_without_the_write_lock(sqlite_store, lambda: succeed(lanes, TEN), wait_s=1.0)
+    state = lanes.state(TEN.name)
+    assert state is not None and state.rate_factor == pytest.approx(0.55)
+
+
+def test_a_new_run_and_a_restarted_fleet_start_at_the_rates_the_fleet_learned(
+    database: tuple[str, str | None], clock: FakeClock
+) -> None:
+    """What one run's requests taught the lanes (a cut, the ceiling it remembers and when) lives in
+    the state store, not in the run: a run that starts later, in another process, or the whole
+    fleet started again, paces from it, neither from the configured rate nor from a guess."""
+    url, schema = database
+    identity = LaneSpec("identity:ten:a", rate_per_s=4.0, burst=1)
+    first = StateStore.from_url(url, schema=schema)
+    exact = GapSampler(random.Random(0), sigma=0.0, pause_probability=0.0)
+    RateLanes(first, sampler=exact, clock=clock).feedback([TEN, identity], outcome=Outcome.THROTTLED,
+                                                           retry_after_s=None, throttle=THROTTLE)
+    first.close()  # the run ends; later the fleet stops and starts again
+    clock.now += 600.0
+    later = StateStore.from_url(url, schema=schema)
+    try:
+        lanes = RateLanes(later, sampler=exact, clock=clock)
+        for lane in (TEN, identity):
+            state = lanes.state(lane.name)
+            assert state is not None
+            assert (state.rate_factor, state.ceiling_factor, state.last_cut_s) == pytest.approx((0.5, 1.0, T0))
+        # Sent at the learned half rates: 5/s on the source's lane, 2/s on the identity's.
+        assert waits(lanes, [TEN], 3) == pytest.approx([0.0, 0.2, 0.4], abs=1e-9)
+        assert waits(lanes, [identity], 2) == pytest.approx([0.0, 0.5], abs=1e-9)
+    finally:
+        later.close()
+
+
 def test_the_guard_sees_what_other_processes_sent_on_the_lane(store: StateStore, clock: FakeClock) -> None:
     two = [RateLanes(store, sampler=near_regular(31), clock=clock), RateLanes(store, sampler=near_regular(32), clock=clock)]
     sends = planned_sends(two, GUARDED, clock, 60)
@@ -484,6 +544,24 @@ def test_identities_throttled_further_apart_than_corroborate_s_never_cut_the_sou
     clock.now += THROTTLE.corroborate_s
     throttle_as(lanes, ALICE)  # the same identity again: a limit on that address, not on the site
     assert factors(lanes, SITE, ALICE, BOB) == pytest.approx([None, 0.25, 0.5])
+
+
+def test_in_a_larger_pool_the_source_lane_is_cut_by_three_identities_throttled_within_corroborate_s(
+    lanes: RateLanes, clock: FakeClock
+) -> None:
+    """Four identities that have sent: two refused within seconds may be two addresses' own limits;
+    a third within the window is the site refusing whoever asks."""
+    carol, dave = (LaneSpec(f"identity:site:{name}", rate_per_s=3.0, burst=2, guard_rhythm=True)
+                   for name in ("carol", "dave"))
+    for identity in (ALICE, BOB, carol, dave):
+        waits(lanes, [SITE, identity], 1)
+    throttle_as(lanes, ALICE)
+    clock.now += 1.0
+    throttle_as(lanes, BOB)
+    assert factors(lanes, SITE) == pytest.approx([1.0])
+    clock.now += 1.0
+    throttle_as(lanes, carol)
+    assert factors(lanes, SITE, ALICE, BOB, carol, dave) == pytest.approx([0.5, 0.5, 0.5, 0.5, 1.0])
 
 
 def test_an_identity_of_another_source_throttled_does_not_corroborate(lanes: RateLanes) -> None:
