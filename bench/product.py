@@ -16,9 +16,12 @@ the first request nginx logs; the run lasts `--duration-s` from there.
 
 Configurations (one bench run, one after the other, each with a fresh fleet, nginx and proxies):
 - `right`: the source configured to the limiter (rates as nginx's, bursts one below nginx's, as the
-  docs/configuration.md says); goal OK/s / ceiling >= 0.97 after the first 30 s and 0 refusals.
-- `high`: the source configured at twice the limiter's rates; AIMD must bring it down (nginx sends
-  no Retry-After); goal at most 1 % refused after the first 30 s and >= 0.90 of the ceiling.
+  docs/configuration.md says); goal OK/s / ceiling >= 0.97 over the whole window and 0 refusals.
+- `high`: the source configured at twice the limiter's rates and bursts; AIMD must bring it down
+  (nginx sends no Retry-After); goal >= 0.90 of the ceiling over the whole window, the second half
+  at least 0.97 x the first (no decay), and at most 1 % refused after the first 30 s.
+- `high4`: configured at four times the limiter's rates and bursts; goal >= 0.85 of the ceiling over
+  the whole window and at most 2 % refused after the first 60 s.
 - `defend`: configured right, against a target that defends itself: nginx passes its refusals on
   to the sandbox, which bans an address (403 and a captcha page, for `ban_s`) after DEFEND's
   `ban_refusals` refusals within `ban_window_s`, or when its last `ban_rhythm_gaps` gaps vary less
@@ -27,8 +30,10 @@ Configurations (one bench run, one after the other, each with a fresh fleet, ngi
   no Dagster, one batch's `concurrency` threads) on the same target configured right, for its CPU
   per stored record and the rate it reaches.
 
-Figures come from nginx's own access log (OK/s / ceiling, 429s, refused share after 30 s, gap CV per
-client address), Dagster's run records (runs by kind, leads per run, start-up and wind-down of each
+The defaults are the issue's setting: 8 identities, nginx at 5 r/s per address (burst 2) and 30 r/s
+site-wide (burst 5), 10 minutes per configuration. Figures come from nginx's own access log (OK/s /
+ceiling after 30 s and over the whole window, the second half against the first, a per-minute
+table, 429s, refused share after 30 s and after 60 s, gap CV per client address), Dagster's run records (runs by kind, leads per run, start-up and wind-down of each
 run) and the fleet's state store (records stored, parked collections and their reasons). CPU per
 stored record: every fleet process (daemon, code server, run workers, intake) sampled from /proc over
 the steady window, over the collections stored in it; the engine's own CPU over its collections.
@@ -78,15 +83,17 @@ from investigations.demo.fleet import stop_all
 NAME = "product"
 SOURCE = "robust"
 CASE_ID = "case-bench-product"
-DEFAULT_DURATION_S = 240.0
+DEFAULT_DURATION_S = 600.0
 DEFAULT_ENGINE_S = 60.0
-DEFAULT_IDENTITIES = 3
-DEFAULT_CLIENT_RATE = 3  # nginx per-address zone, r/s
-DEFAULT_SITE_RATE = 8  # nginx site-wide zone, r/s
-DEFAULT_BURST = 3  # both zones' burst (nodelay)
+DEFAULT_IDENTITIES = 8
+DEFAULT_CLIENT_RATE = 5  # nginx per-address zone, r/s
+DEFAULT_SITE_RATE = 30  # nginx site-wide zone, r/s
+DEFAULT_BURST = 2  # the per-address zone's burst (nodelay)
+DEFAULT_SITE_BURST = 5  # the site-wide zone's burst (nodelay)
 WARMUP_S = 30.0  # the refused share and the steady rate are read after this
 FIRST_MINUTE_S = 60.0
 TIMELINE_BIN_S = 30.0
+MINUTE_S = 60.0  # the per-minute table's bins
 LEADS_MARGIN = 1.3  # leads added per config: the ceiling's worth of the run, and this much more
 T0_TIMEOUT_S = 180.0  # from the backfill command to the first request at nginx
 GOAL_RATIO = 0.97
@@ -94,6 +101,11 @@ GOAL_CPU_FACTOR = 2.5
 HIGH_FACTOR = 2
 GOAL_HIGH_REFUSED_SHARE = 0.01
 GOAL_HIGH_RATIO = 0.90
+GOAL_NO_DECAY = 0.97  # high: the second half's OK/s at least this x the first half's
+HIGH4_FACTOR = 4
+GOAL_HIGH4_REFUSED_SHARE = 0.02
+HIGH4_WARMUP_S = 60.0  # high4's refused share is read after this
+GOAL_HIGH4_RATIO = 0.85
 # The defending target's rules (the sandbox's settings for the source's route): a few refusals in a
 # short window, or a too regular rhythm, and the address is banned for a minute.
 DEFEND = {"ban_refusals": 3, "ban_window_s": 10.0, "ban_rhythm_cv": 0.1, "ban_rhythm_gaps": 8, "ban_s": 60.0}
@@ -120,9 +132,10 @@ def sources_yaml(nginx_url: str, args: Any, factor: float) -> str:
     for entry in config["sources"]:
         if entry["name"] == SOURCE:
             entry["request"]["url"] = f"{nginx_url}/robust/api/lookup?kind={{kind}}&q={{value}}"
-            # Bursts one below nginx's: the lanes allow one request above the permitted count in a window.
-            entry["rate"] = {"source_per_s": args.site_rate * factor, "source_burst": max(1, args.burst - 1),
-                             "identity_per_s": args.client_rate * factor, "identity_burst": max(1, args.burst - 1)}
+            entry["rate"] = {"source_per_s": args.site_rate * factor,
+                             "source_burst": lane_burst(site_burst(args), factor),
+                             "identity_per_s": args.client_rate * factor,
+                             "identity_burst": lane_burst(args.burst, factor)}
     return yaml.safe_dump(config, sort_keys=False)
 
 
@@ -133,6 +146,19 @@ def identities_yaml(proxies: Proxies) -> str:
         "identities": [{"id": f"proxy{n}", "proxy_url": url, "range": f"range{n}", "tier": "datacenter"}
                        for n, url in enumerate(proxies.urls)],
     }, sort_keys=False)
+
+
+def lane_burst(nginx_burst: int, factor: float) -> int:
+    """The fleet's burst for a zone of nginx's: one below it when configured right (the lanes allow
+    one request above the permitted count in a window); configured too high, the burst is as wrong
+    as the rate (`factor` x nginx's), as an operator who read the source's limits wrong would set both."""
+    return max(1, nginx_burst - 1) if factor <= 1 else math.ceil(nginx_burst * factor)
+
+
+def site_burst(args: Any) -> int:
+    """The site-wide zone's burst: `--site-burst`; the per-address zone's for a caller that sets one
+    burst for both (bench.case)."""
+    return int(getattr(args, "site_burst", None) or args.burst)
 
 
 def ceiling_per_s(args: Any) -> float:
@@ -165,7 +191,7 @@ def wait_first_row(nginx: Nginx, name: str, fleet: Fleet, *, timeout_s: float) -
 
 
 def _limiter(name: str, args: Any, *, defend: bool = False) -> Limiter:
-    return Limiter(name, args.client_rate, args.burst, site_rate_per_s=args.site_rate, site_burst=args.burst,
+    return Limiter(name, args.client_rate, args.burst, site_rate_per_s=args.site_rate, site_burst=site_burst(args),
                    pass_refusals=defend)
 
 
@@ -289,14 +315,21 @@ def limiter_figures(rows: Sequence[tuple[float, int, str]], *, t0: float, end_s:
         clients[outgoing.get(address, address)] = {
             "address": address, "requests": len(mine), "ok": ok(mine), "refused_429": refused(mine),
             "ok_per_s": ok(mine) / steady_s if steady_s > 0 else None, "gap_cv": gap_cv([r[0] for r in mine])}
-    timeline = []
-    at = t0
-    while at < end_s:
-        upto = min(at + TIMELINE_BIN_S, end_s)
-        picked = [r for r in inside if at <= r[0] < upto]
-        timeline.append({"from_s": round(at - t0), "ok_per_s": ok(picked) / (upto - at), "refused_429": refused(picked)})
-        at = upto
+    def bins(width_s: float) -> list[dict[str, Any]]:
+        out, at = [], t0
+        while at < end_s:
+            upto = min(at + width_s, end_s)
+            picked = [r for r in inside if at <= r[0] < upto]
+            out.append({"from_s": round(at - t0), "ok_per_s": ok(picked) / (upto - at),
+                        "ratio": ok(picked) / (upto - at) / ceiling, "refused_429": refused(picked)})
+            at = upto
+        return out
+
     ok_per_s = ok(steady) / steady_s if steady_s > 0 else None
+    window_s = end_s - t0
+    half = t0 + window_s / 2
+    first_half, second_half = ok([r for r in inside if r[0] < half]), ok([r for r in inside if r[0] >= half])
+    after_minute = [r for r in inside if r[0] >= t0 + HIGH4_WARMUP_S]
     # What reached nginx just before each refusal (the first few): a burst, and from whom.
     context = [{"at_s": round(at - t0, 2), "client": outgoing.get(address, address),
                 "before": [[round(r[0] - at, 3), r[1], outgoing.get(r[2], r[2])] for r in inside
@@ -306,12 +339,18 @@ def limiter_figures(rows: Sequence[tuple[float, int, str]], *, t0: float, end_s:
         "ceiling_per_s": ceiling,
         "ok_per_s": ok_per_s,
         "ratio": ok_per_s / ceiling if ok_per_s is not None else None,
+        # The whole window, the ramp included: what the issue of pacing calls "over the whole window".
+        "window_ratio": ok(inside) / window_s / ceiling if window_s > 0 else None,
+        # Decay: the second half's OK/s over the first half's (1 = as fast at the end as at the start).
+        "halves_ratio": second_half / first_half if first_half else None,
         "first_minute_ratio": ok(first_minute) / min(FIRST_MINUTE_S, end_s - t0) / ceiling,
         "requests": len(inside), "ok": ok(inside), "refused_429": refused(inside),
         "refused_429_after_warmup": refused(steady),
         "refused_share_after_warmup": refused(steady) / len(steady) if steady else None,
+        "refused_share_after_minute": refused(after_minute) / len(after_minute) if after_minute else None,
         "other_statuses": dict(Counter(str(r[1]) for r in inside if not (200 <= r[1] < 300 or r[1] == 429))),
-        "clients": clients, "timeline": timeline, "refusal_context": context,
+        "clients": clients, "timeline": bins(TIMELINE_BIN_S), "per_minute": bins(MINUTE_S),
+        "refusal_context": context,
     }
 
 
@@ -497,11 +536,14 @@ def report(figures: dict[str, Any]) -> None:
         ["configured rate / limiter's", *(fmt(configs[n]["rate_factor"]) for n in names), *(["1"] if engine else [])],
         ["ceiling (r/s)", *(fmt(allf[n]["ceiling_per_s"]) for n in cols)],
         [f"OK/s after {WARMUP_S:g} s", *(fmt(allf[n]["ok_per_s"]) for n in cols)],
-        ["OK/s / ceiling", *(fmt(allf[n]["ratio"]) for n in cols)],
+        [f"OK/s / ceiling after {WARMUP_S:g} s", *(fmt(allf[n]["ratio"]) for n in cols)],
+        ["OK/s / ceiling, whole window", *(fmt(allf[n]["window_ratio"]) for n in cols)],
+        ["second half OK/s / first half's", *(fmt(allf[n]["halves_ratio"]) for n in cols)],
         ["first minute OK/s / ceiling", *(fmt(allf[n]["first_minute_ratio"]) for n in cols)],
         ["429s (all / after warm-up)", *(f"{allf[n]['refused_429']}/{allf[n]['refused_429_after_warmup']}"
                                          for n in cols)],
         ["refused share after warm-up", *(fmt(allf[n]["refused_share_after_warmup"]) for n in cols)],
+        [f"refused share after {HIGH4_WARMUP_S:g} s", *(fmt(allf[n]["refused_share_after_minute"]) for n in cols)],
         ["gap CV per client (min-max)", *(_cv_range(allf[n]["clients"]) for n in cols)],
         ["records stored in the steady window", *(fmt(configs[n]["stored_in_steady_window"]) for n in names),
          *([fmt(engine["collected"])] if engine else [])],
@@ -518,8 +560,11 @@ def report(figures: dict[str, Any]) -> None:
          *(["-"] if engine else [])],
     ]
     print_table(f"Product path against nginx limit_req ({cfg['identities']} identities via tinyproxy, "
-                f"{cfg['client_rate']} r/s per address, {cfg['site_rate']} r/s site-wide, burst {cfg['burst']})",
-                ["", *cols], rows)
+                f"{cfg['client_rate']} r/s per address burst {cfg['burst']}, {cfg['site_rate']} r/s site-wide "
+                f"burst {cfg['site_burst']})", ["", *cols], rows)
+    minutes = max(len(allf[n]["per_minute"]) for n in cols)
+    print_table("OK/s / ceiling per minute (429s)", ["minute", *cols], [
+        [str(m + 1), *(_minute(allf[n]["per_minute"], m) for n in cols)] for m in range(minutes)])
     for name in names:
         c = configs[name]
         b = c["breakdown"]
@@ -547,11 +592,19 @@ def report(figures: dict[str, Any]) -> None:
         if c["target_bans"]["bans"]:
             print(f"  [{name}] target's bans: {json.dumps(c['target_bans'])}")
     goals = figures["goals"]
-    print(f"\n  goals: right OK/s / ceiling >= {GOAL_RATIO} and 0 x 429: {goals['rate']}; fleet CPU per record "
-          f"<= {GOAL_CPU_FACTOR} x engine's: {goals['cpu']}; nothing parked without a reason: {goals['parking']}")
-    print(f"         high: refused share after {WARMUP_S:g} s <= {GOAL_HIGH_REFUSED_SHARE:.0%} and OK/s / ceiling "
-          f">= {GOAL_HIGH_RATIO}: {goals['high']}; defend: 0 identities banned and OK/s / ceiling >= {GOAL_RATIO}: "
-          f"{goals['defend']}")
+    print(f"\n  goals: right OK/s / ceiling >= {GOAL_RATIO} over the whole window and 0 x 429: {goals['rate']}; "
+          f"fleet CPU per record <= {GOAL_CPU_FACTOR} x engine's: {goals['cpu']}; nothing parked without a reason: "
+          f"{goals['parking']}")
+    print(f"         high ({HIGH_FACTOR}x): OK/s / ceiling >= {GOAL_HIGH_RATIO} over the whole window, second half "
+          f">= {GOAL_NO_DECAY} x the first, refused share after {WARMUP_S:g} s <= {GOAL_HIGH_REFUSED_SHARE:.0%}: "
+          f"{goals['high']}")
+    print(f"         high4 ({HIGH4_FACTOR}x): OK/s / ceiling >= {GOAL_HIGH4_RATIO} over the whole window, refused share "
+          f"after {HIGH4_WARMUP_S:g} s <= {GOAL_HIGH4_REFUSED_SHARE:.0%}: {goals['high4']}; defend: 0 identities "
+          f"banned and OK/s / ceiling >= {GOAL_RATIO}: {goals['defend']}")
+
+
+def _minute(bins: list[dict[str, Any]], m: int) -> str:
+    return f"{bins[m]['ratio']:.3f} ({bins[m]['refused_429']})" if m < len(bins) else "-"
 
 
 def _bans(config: dict[str, Any]) -> str:
@@ -575,9 +628,11 @@ def _stat(entry: dict[str, Any]) -> str:
 
 def _extra(parser: Any) -> None:
     parser.add_argument("--high-duration-s", type=float, default=None,
-                        help="measured seconds of the `high` configuration (default half of --duration-s; 0 skips it)")
+                        help="measured seconds of the `high` configuration (default --duration-s; 0 skips it)")
+    parser.add_argument("--high4-duration-s", type=float, default=None,
+                        help="measured seconds of the `high4` configuration (default --duration-s; 0 skips it)")
     parser.add_argument("--defend-duration-s", type=float, default=None,
-                        help="measured seconds of the `defend` configuration (default half of --duration-s; 0 skips it)")
+                        help="measured seconds of the `defend` configuration (default --duration-s; 0 skips it)")
     parser.add_argument("--engine-s", type=float, default=DEFAULT_ENGINE_S,
                         help=f"the engine-alone phase: its leads are the ceiling's worth of this many seconds "
                              f"(default {DEFAULT_ENGINE_S:g}; 0 skips it)")
@@ -588,7 +643,9 @@ def _extra(parser: Any) -> None:
     parser.add_argument("--site-rate", type=int, default=DEFAULT_SITE_RATE,
                         help=f"nginx's site-wide rate, r/s (default {DEFAULT_SITE_RATE})")
     parser.add_argument("--burst", type=int, default=DEFAULT_BURST,
-                        help=f"both zones' burst (default {DEFAULT_BURST}); the fleet's is one below")
+                        help=f"the per-address zone's burst (default {DEFAULT_BURST}); the fleet's is one below")
+    parser.add_argument("--site-burst", type=int, default=DEFAULT_SITE_BURST,
+                        help=f"the site-wide zone's burst (default {DEFAULT_SITE_BURST}); the fleet's is one below")
     parser.add_argument("--postgres", action="store_true",
                         help="also run `right` with the state store and Dagster's storage on Postgres (as a "
                              "deployment would; INVESTIGATIONS_BENCH_POSTGRES_URL, else the test server)")
@@ -606,20 +663,24 @@ def _goal(config: dict[str, Any] | None, met: Any) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv, description=__doc__.splitlines()[0], default_duration_s=DEFAULT_DURATION_S, extra=_extra)
-    high_s = args.duration_s / 2 if args.high_duration_s is None else args.high_duration_s
-    defend_s = args.duration_s / 2 if args.defend_duration_s is None else args.defend_duration_s
+    high_s = args.duration_s if args.high_duration_s is None else args.high_duration_s
+    high4_s = args.duration_s if args.high4_duration_s is None else args.high4_duration_s
+    defend_s = args.duration_s if args.defend_duration_s is None else args.defend_duration_s
     # SIGTERM ends the bench through its `finally` blocks, so no fleet process outlives it.
     signal.signal(signal.SIGTERM, _interrupt)
     configs = [Config("right", args.duration_s, 1.0)] + ([Config("high", high_s, HIGH_FACTOR)] if high_s > 0 else [])
+    if high4_s > 0:
+        configs.append(Config("high4", high4_s, HIGH4_FACTOR))
     if defend_s > 0:
         configs.append(Config("defend", defend_s, 1.0, defend=True))
     if args.postgres:
         configs.insert(1, Config("right-pg", args.duration_s, 1.0, postgres=True))
     figures: dict[str, Any] = {
-        "config": {"duration_s": args.duration_s, "high_duration_s": high_s, "defend_duration_s": defend_s,
+        "config": {"duration_s": args.duration_s, "high_duration_s": high_s, "high4_duration_s": high4_s,
+                   "defend_duration_s": defend_s,
                    "defend_rules": DEFEND, "engine_s": args.engine_s,
                    "identities": args.identities, "client_rate": args.client_rate, "site_rate": args.site_rate,
-                   "burst": args.burst, "warmup_s": WARMUP_S, "seed": args.seed},
+                   "burst": args.burst, "site_burst": args.site_burst, "warmup_s": WARMUP_S, "seed": args.seed},
         "engine_version": engine_digest(), "host_before": host_load(), "configs": {}, "engine": None}
     try:
         with bench_workdir("bench-product-", keep=args.keep) as workdir:
@@ -638,12 +699,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         c["cpu_factor"] = per / engine_per if per and engine_per else None
     right = figures["configs"]["right"]
     figures["goals"] = {
-        "rate": "met" if (right["ratio"] or 0) >= GOAL_RATIO and right["refused_429"] == 0 else "NOT met",
+        "rate": "met" if (right["window_ratio"] or 0) >= GOAL_RATIO and right["refused_429"] == 0 else "NOT met",
         "cpu": "-" if right["cpu_factor"] is None else ("met" if right["cpu_factor"] <= GOAL_CPU_FACTOR else "NOT met"),
         "parking": "met" if all(NO_REASON not in c["parked"]["reasons"] for c in figures["configs"].values())
                    else "NOT met",
         "high": _goal(figures["configs"].get("high"), lambda c: (c["refused_share_after_warmup"] or 0)
-                      <= GOAL_HIGH_REFUSED_SHARE and (c["ratio"] or 0) >= GOAL_HIGH_RATIO),
+                      <= GOAL_HIGH_REFUSED_SHARE and (c["window_ratio"] or 0) >= GOAL_HIGH_RATIO
+                      and (c["halves_ratio"] or 0) >= GOAL_NO_DECAY),
+        "high4": _goal(figures["configs"].get("high4"), lambda c: (c["refused_share_after_minute"] or 0)
+                       <= GOAL_HIGH4_REFUSED_SHARE and (c["window_ratio"] or 0) >= GOAL_HIGH4_RATIO),
         "defend": _goal(figures["configs"].get("defend"), lambda c: c["target_bans"]["identities_banned"] == 0
                         and (c["ratio"] or 0) >= GOAL_RATIO),
     }
