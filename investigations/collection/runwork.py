@@ -140,7 +140,7 @@ class RunWork(Generic[Outcome]):
         self._take_joined()
 
     def _take_joined(self) -> None:
-        rows = [row for row in self._store.handover_rows(self._key) if row.id not in self._taken]
+        rows = [row for row in self._store.handover_rows(self._key, known=self._taken) if row.id not in self._taken]
         if not rows:
             return
         self._taken.update(row.id for row in rows)

@@ -10,9 +10,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, bindparam, exists, func, select, update
+from sqlalchemy import Connection, Row, Select, String, and_, bindparam, exists, func, select, update
 
 from investigations.scheduling.cadence import (
     ChangeHistory,
@@ -122,21 +123,8 @@ class VisitTables(Tables):
         """One lead `source` collected, with its source's last plan, in one indexed query (a batch
         run asks for each lead it stores): None when the source never collected it. Its rate is the
         one kept for a prior of `prior_s` seconds, else its visits, to estimate it from."""
-        c, lc, cp, dl, cl = s.collections, s.lead_visits, s.cadence_plans, s.dead_letters, s.case_leads
-        open_case = exists().where(cl.c.lead_id == lead_id, s.cases.c.case_id == cl.c.case_id,
-                                   s.cases.c.status == "active")
-        query = (
-            select(c.c.lead_id, func.coalesce(c.c.last_success_at, c.c.last_attempt_at).label("last_at"),
-                   c.c.outcome, c.c.records, open_case.label("open"),
-                   exists().where(cl.c.lead_id == lead_id).label("in_case"),
-                   exists().where(dl.c.source == source, dl.c.lead_id == lead_id).label("dead"),
-                   lc.c.visits, lc.c.rate_per_s, lc.c.prior_s, cp.c.scale, cp.c.short, cp.c.planned_at)
-            .select_from(c.outerjoin(lc, and_(lc.c.source == c.c.source, lc.c.lead_id == c.c.lead_id))
-                         .outerjoin(cp, cp.c.source == c.c.source))
-            .where(c.c.source == source, c.c.lead_id == lead_id)
-        )
         with self.reading() as conn:
-            row = conn.execute(query).first()
+            row = conn.execute(_planned_lead_query(), {"source": source, "lead_id": lead_id}).first()
         if row is None:
             return None
         plan = None if row.planned_at is None else SourcePlan(math.inf if row.scale is None else row.scale,
@@ -176,3 +164,24 @@ def _monitored(row: Row[Any], prior_s: float, *, waiting: bool = False) -> Monit
     return MonitoredLead(row.lead_id, row.last_at.timestamp(),
                          visits=() if kept is not None else decode_visits(row.visits or ""),
                          rate_per_s=kept, open_case=bool(row.open), waiting=waiting)
+
+
+@cache
+def _planned_lead_query() -> Select[Any]:
+    """`VisitTables.planned_lead`'s query, built once with `source` and `lead_id` bound at each call:
+    a batch run asks it of every lead it stores, and building and keying the statement each time
+    cost more than running it."""
+    c, lc, cp, dl, cl = s.collections, s.lead_visits, s.cadence_plans, s.dead_letters, s.case_leads
+    source, lead_id = bindparam("source", type_=String), bindparam("lead_id", type_=String)
+    open_case = exists().where(cl.c.lead_id == lead_id, s.cases.c.case_id == cl.c.case_id,
+                               s.cases.c.status == "active")
+    return (
+        select(c.c.lead_id, func.coalesce(c.c.last_success_at, c.c.last_attempt_at).label("last_at"),
+               c.c.outcome, c.c.records, open_case.label("open"),
+               exists().where(cl.c.lead_id == lead_id).label("in_case"),
+               exists().where(dl.c.source == source, dl.c.lead_id == lead_id).label("dead"),
+               lc.c.visits, lc.c.rate_per_s, lc.c.prior_s, cp.c.scale, cp.c.short, cp.c.planned_at)
+        .select_from(c.outerjoin(lc, and_(lc.c.source == c.c.source, lc.c.lead_id == c.c.lead_id))
+                     .outerjoin(cp, cp.c.source == c.c.source))
+        .where(c.c.source == source, c.c.lead_id == lead_id)
+    )

@@ -95,3 +95,18 @@ def test_a_closed_case_leads_are_not_monitored_until_it_reopens(store) -> None:
     store.set_case_status("case-1", "active")
     assert store.stale_monitored("robust", **due) == [lead.id]
     assert [c["leads"] for c in store.cases_overview()] == [1]
+
+
+def test_a_handover_read_past_known_rows_gives_only_the_rows_that_joined_it(store) -> None:
+    store.enqueue([("robust", lead) for lead in ("a", "b")], origin="inbox:1", priority_class="interactive")
+    own = store.dispatch("robust", limit=2)
+    store.assign_handover([row.id for row in own], handover_key="robust:run")
+    store.open_collector("robust:run", "robust", until_s=T0.timestamp() + 60)
+    store.enqueue([("robust", "fresh")], origin="inbox:2", priority_class="interactive")
+    joined = store.dispatch("robust", limit=1)
+    assert store.join_collector("robust:run", [joined[0].id], now_s=T0.timestamp())
+
+    known = {row.id for row in own}
+    assert [row.lead_id for row in store.handover_rows("robust:run")] == ["a", "b", "fresh"]
+    assert [row.lead_id for row in store.handover_rows("robust:run", known=known)] == ["fresh"]
+    assert store.handover_rows("robust:run", known=known | {joined[0].id}) == []
