@@ -628,9 +628,10 @@ def _lane_json(lane: Any) -> dict[str, Any]:
 # A console too narrow for the whole table gets the two halves as two tables, each led by the source.
 _FLEET_DOING = ("health", "backlog", "in flight", "req/min", "rec/min", "retry", "fail", "429/block", "empty",
                 "p50/p95 ms")
-_FLEET_HOLDING = ("fresh", "stalest", "ids a/l/r/x", "dead", "spend/budget $", "rec/$", "circuit", "rate/s",
+_FLEET_HOLDING = ("cadence", "fresh", "stalest", "ids a/l/r/x", "dead", "spend/budget $", "rec/$", "circuit", "rate/s",
                   "requests")
-_FLEET_LEFT = ("source", "health", "circuit")  # words; the other columns hold figures, right-justified
+# Words, kept whole while the figures give way; the other columns hold figures, right-justified.
+_FLEET_LEFT = ("source", "health", "cadence", "circuit")
 
 
 def _print_fleet(args: argparse.Namespace) -> None:
@@ -653,6 +654,10 @@ def _print_fleet(args: argparse.Namespace) -> None:
         if row["health_reason"] and row["health"] != "idle":
             console.print(f"  {row['source']}: {row['health']}: {row['health_reason']}", highlight=False,
                           markup=False)
+    for row in rows:
+        if row["cadence"] and row["cadence"]["budget_short"]:
+            console.print(f"  {row['source']}: cadence: the budget is short: every lead at its max, "
+                          f"{_every(row['cadence']['max_s'])}", highlight=False, markup=False)
     for row in rows:
         for reason, count in sorted(row["parked"].items(), key=lambda item: -item[1]):
             console.print(f"  {row['source']}: {count} parked: {reason}", highlight=False, markup=False)
@@ -700,6 +705,7 @@ def _fleet_cells(row: dict[str, Any]) -> dict[str, Any]:
         "req/min": f"{row['requests_per_min']:.1f}", "rec/min": f"{row['records_per_min']:.1f}",
         "retry": _pct(row["retry_rate"]), "fail": _pct(row["failure_rate"]), "429/block": _pct(row["block_rate"]),
         "empty": _pct(row["empty_rate"]), "p50/p95 ms": f"{_num(row['latency_p50_ms'])}/{_num(row['latency_p95_ms'])}",
+        "cadence": _cadence(row["cadence"]),
         "fresh": "-" if row["fresh_share"] is None else f"{row['fresh']}/{row['monitored']}",
         "stalest": _age(row["stalest_age_s"]), "ids a/l/r/x": _identity_counts(row), "dead": str(row["dead_letters"]),
         "spend/budget $": f"{row['spend_today_usd']:.2f}/"
@@ -709,6 +715,26 @@ def _fleet_cells(row: dict[str, Any]) -> dict[str, Any]:
                   + ("" if row["ceiling_rate_per_s"] is None else f" (ceiling {row['ceiling_rate_per_s']:g})"),
         "requests": str(row["requests"]),
     }
+
+
+def _cadence(cadence: dict[str, Any] | None) -> str:
+    """A source's cadence (`stats.Cadence`): `fixed 6h`; `learned ~14h`, its monitored leads' median
+    planned interval (`learned -`: none planned), `(short)` when its budget leaves every lead at its max."""
+    if cadence is None:
+        return "-"
+    if cadence["kind"] == "fixed":
+        return f"fixed {_every(cadence['interval_s'])}"
+    if cadence["interval_s"] is None:
+        return "learned -"
+    return f"learned ~{_every(cadence['interval_s'])}" + (" (short)" if cadence["budget_short"] else "")
+
+
+def _every(seconds: float) -> str:
+    """An interval in as few characters as reads well: `6h`, `14h`, `1.5d`, `30m`, `45s`."""
+    unit, size = next(((unit, size) for unit, size in (("d", 86400), ("h", 3600), ("m", 60)) if seconds >= size),
+                      ("s", 1))
+    value = seconds / size
+    return (f"{value:.0f}" if value >= 9.95 else f"{value:.1f}".removesuffix(".0")) + unit
 
 
 def _fleet_table(title: str | None, columns: Sequence[str], cells: Sequence[dict[str, Any]]) -> Table:

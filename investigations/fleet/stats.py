@@ -10,7 +10,11 @@ Sources of each figure, over a window (default 15 min) unless said otherwise:
   a lead collected twice within the window counts once;
 - backlog and in flight: the fleet's queue now; dead letters now; identities now;
 - freshness: the monitored leads (in an active case, collected by the source before). Fresh means
-  collected *with records* within the source's `recrawl_every`: an empty answer is not fresh;
+  collected *with records* within the source's cadence: an empty answer is not fresh. On a fixed
+  cadence that is `recrawl_every`; on a learned one each lead's own planned interval plus its grace,
+  the rule of the `fresh_within_cadence` check (`degradation.freshness_verdict`);
+- cadence: a fixed source's `recrawl_every`, or a learned source's median planned interval over its
+  monitored leads, under the plan the recurring planner last stored (`cadence_plans`);
 - spend: today (UTC) and over the window, priced by `investigations.scheduling.cost`.
 
 Besides these window figures, `/metrics` reads cumulative totals (`FleetTotals`, through a
@@ -23,13 +27,17 @@ Pacing, now: each rate lane's configured rate, the rate it uses and the ceiling 
 The computing functions are pure over plain rows (`figures_for`, `health_of`, `identity_standings`,
 `standings_of_lanes`); `fleet_figures` and `lane_standings` read the rows and call them. Only
 freshness is summed up in SQL (`Freshness`): a fleet may monitor a great many leads, and a row for
-each would cost more than the rest together.
+each would cost more than the rest together. A source on a learned cadence is the exception: each of
+its leads is held to its own interval, so one more query reads a row per monitored lead (its last
+collection with records and its rate of change, with the source's stored plan), which gives both its
+fresh leads and its cadence.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import statistics
 import threading
 import time
 from collections import Counter, defaultdict
@@ -39,13 +47,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, and_, case, cast, func, select, type_coerce
+from sqlalchemy import BigInteger, Connection, Row, and_, case, cast, func, select, type_coerce
 
 from investigations.collection.events import Outcome
 from investigations.evidence.captures import evidence_bytes_by_source
+from investigations.fleet.degradation import freshness_verdict, lead_intervals_s
 from investigations.pacing import GapSampler, RateLanes
 from investigations.pacing.aimd import NEVER_CUT_S
 from investigations.pacing.lanes import LaneState, identity_lane_name, source_lane
+from investigations.scheduling.cadence import SourcePlan, change_rate, planned_interval_s, prior_rate_per_s
 from investigations.scheduling.cost import (
     Usage,
     evidence_cost_usd,
@@ -57,6 +67,7 @@ from investigations.scheduling.cost import (
 from investigations.sources.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore, utcnow
 from investigations.store import schema as s
+from investigations.store.visits import decode_visits
 
 DEFAULT_WINDOW_S = 900.0
 # Per identity, the failures shown by `investigations identities` are counted over this long.
@@ -98,11 +109,34 @@ class Freshness:
     """A source's monitored leads, summed up in the store (there may be a great many)."""
 
     monitored: int = 0
-    fresh: int = 0  # last success had records and is within the source's cadence
+    # Last success had records and is within the source's cadence (on a learned one: the lead's own
+    # planned interval plus its grace, `degradation.stale_after_s`; set from the leads' rows).
+    fresh: int = 0
     empty: int = 0  # last success stored nothing
     # The stalest lead's last success with records or, lacking one, when it joined the fleet: an
     # empty answer does not reset a lead's age.
     stalest_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often a source collects its monitored leads again, as operators read it.
+
+    Fixed (`recrawl_every`: min = max): every lead every `interval_s`. Learned (`recrawl: {min, max}`):
+    `interval_s` is the median planned interval of its monitored leads (None: none planned), under the
+    plan the recurring planner stored at `planned_at` (None: not planned yet, so planned now);
+    `budget_short`: the budget could not keep every lead within `max`, so every lead is at its max."""
+
+    kind: str  # fixed | learned
+    interval_s: float | None
+    min_s: float
+    max_s: float
+    budget_short: bool = False
+    planned_at: datetime | None = None
+
+    @classmethod
+    def fixed(cls, spec: SourceSpec) -> Cadence:
+        return cls("fixed", spec.recrawl.min_s, spec.recrawl.min_s, spec.recrawl.max_s)
 
 
 @dataclass(frozen=True)
@@ -187,6 +221,7 @@ class SourceFigures:
     # Share of the window's finished collections that were recurring crawls (the rest: fresh leads
     # and backfills); None without any.
     recurring_share: float | None = None
+    cadence: Cadence | None = None  # how often its monitored leads are collected again
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -458,6 +493,7 @@ def fleet_figures(
         collections = [CollectionRow(*row) for row in conn.execute(
             select(c.c.source, c.c.outcome, c.c.records).where(c.c.last_attempt_at >= since))]
         freshness = {spec.name: _freshness(conn, spec, now=now) for spec in catalog.sources}
+        learned = {spec.name: _learned_leads(conn, spec) for spec in catalog.sources if not spec.recrawl.is_fixed}
         letters: dict[str, int] = dict(conn.execute(select(dl.c.source, func.count()).group_by(dl.c.source)).all())
         parked_rows = conn.execute(
             select(q.c.source, q.c.park_reason, func.count())
@@ -472,6 +508,11 @@ def fleet_figures(
             finished[source] += 1
             of_recurring[source] += priority_class == "recurring"
     recurring = {source: of_recurring[source] / total for source, total in finished.items()}
+    cadences = {spec.name: Cadence.fixed(spec) for spec in catalog.sources if spec.recrawl.is_fixed}
+    for spec in catalog.sources:
+        if spec.name in learned:
+            cadences[spec.name], fresh = _learned_cadence(store, spec, learned[spec.name], now=now)
+            freshness[spec.name] = replace(freshness[spec.name], fresh=fresh)
     depths = store.queue_depths(now=now)
     standings = read_identity_standings(store, now=now, with_failures=False)
     counts = identity_counts(standings, catalog.names, pool_size=pool_size)
@@ -503,16 +544,17 @@ def fleet_figures(
             parked=parked.get(spec.name),
             thresholds=thresholds,
         ), evidence_bytes=kept.get(spec.name, 0), evidence_usd=evidence_cost_usd(spec, kept.get(spec.name, 0)),
-           recurring_share=recurring.get(spec.name))
+           recurring_share=recurring.get(spec.name), cadence=cadences[spec.name])
         for spec in catalog.sources
     ]
 
 
 def _freshness(conn: Connection, spec: SourceSpec, *, now: datetime) -> Freshness:
-    """Monitored leads of `spec` (in an active case, collected by it before) summed up in SQL."""
+    """Monitored leads of `spec` (in an active case, collected by it before) summed up in SQL; fresh
+    within `recrawl_every_s`, which a learned source's figures count again lead by lead
+    (`_learned_cadence`)."""
     c = s.collections
-    active = (select(s.case_leads.c.lead_id).join(s.cases, s.cases.c.case_id == s.case_leads.c.case_id)
-              .where(s.cases.c.status == "active"))
+    active = _active_leads()
     with_records = and_(c.c.records > 0, c.c.last_success_at.is_not(None))
     cutoff = now - timedelta(seconds=spec.recrawl_every_s)
     since = case((with_records, c.c.last_success_at), else_=s.leads.c.created_at)
@@ -527,6 +569,72 @@ def _freshness(conn: Connection, spec: SourceSpec, *, now: datetime) -> Freshnes
     )
     monitored, fresh, empty, stalest = conn.execute(query).one()
     return Freshness(monitored, int(fresh), int(empty), stalest)
+
+
+def _active_leads() -> Any:
+    """The leads of active cases, as a subquery."""
+    return (select(s.case_leads.c.lead_id).join(s.cases, s.cases.c.case_id == s.case_leads.c.case_id)
+            .where(s.cases.c.status == "active"))
+
+
+def _learned_leads(conn: Connection, spec: SourceSpec) -> list[Row[Any]]:
+    """A learned source's monitored leads (as `_freshness` counts them), one row each, in one query:
+    its last success when that one had records (`fresh_at`, else None); whether its plan weighs it
+    (`planned`: of a kind the source takes, not a dead letter there, as `StateStore.cadence_leads`
+    reads them); its rate of change as kept (`rate_per_s` for a prior of `prior_s`, else its
+    `visits`); and the source's stored plan (`scale`, `short`, `planned_at`: None when not planned
+    yet), the same on every row."""
+    c, lc, cp, dl = s.collections, s.lead_visits, s.cadence_plans, s.dead_letters
+    with_records = and_(c.c.records > 0, c.c.last_success_at.is_not(None))
+    dead = select(dl.c.lead_id).where(dl.c.source == spec.name)
+    planned = and_(s.leads.c.kind.in_(list(spec.lead_kinds)), c.c.lead_id.not_in(dead))
+    query = (
+        select(c.c.lead_id, type_coerce(case((with_records, c.c.last_success_at)), s.UTCDateTime).label("fresh_at"),
+               planned.label("planned"), lc.c.visits, lc.c.rate_per_s, lc.c.prior_s, cp.c.scale, cp.c.short,
+               cp.c.planned_at)
+        .select_from(c.join(s.leads, s.leads.c.lead_id == c.c.lead_id)
+                     .outerjoin(lc, and_(lc.c.source == c.c.source, lc.c.lead_id == c.c.lead_id))
+                     .outerjoin(cp, cp.c.source == c.c.source))
+        .where(c.c.source == spec.name, c.c.lead_id.in_(_active_leads()))
+    )
+    return list(conn.execute(query))
+
+
+def _learned_cadence(store: StateStore, spec: SourceSpec, leads: Sequence[Row[Any]], *,
+                     now: datetime) -> tuple[Cadence, int]:
+    """A learned source's cadence, and how many of its monitored `leads` (`_learned_leads`) are fresh.
+
+    Each lead's planned interval is worked out under the plan the recurring planner last stored
+    (`cadence.planned_interval_s`, with the lead's own rate), as a lead's next visit is; only a source
+    not planned yet is planned now (`degradation.lead_intervals_s`). A lead is fresh by the
+    `fresh_within_cadence` check's rule (`degradation.freshness_verdict`): its last collection with
+    records within its own interval plus its grace, or within `recrawl.max` when the plan leaves it out."""
+    stored = leads[0] if leads and leads[0].planned_at is not None else None
+    if stored is not None:
+        plan = SourcePlan(math.inf if stored.scale is None else stored.scale, bool(stored.short))
+        intervals = {row.lead_id: planned_interval_s(spec, rate_per_s=_rate_per_s(spec, row), open_case=True,
+                                                     plan=plan) for row in leads if row.planned}
+    else:
+        intervals = (lead_intervals_s(store, spec, now=now) or {}) if leads else {}
+    planned = [intervals[row.lead_id] for row in leads if intervals.get(row.lead_id, math.inf) != math.inf]
+    # Not planned yet: short when its budget leaves every lead at its max (what a short plan does).
+    short = stored.short if stored is not None else bool(planned) and min(planned) >= spec.recrawl.max_s
+    cadence = Cadence("learned", statistics.median(planned) if planned else None, spec.recrawl.min_s,
+                      spec.recrawl.max_s, budget_short=bool(short),
+                      planned_at=stored.planned_at if stored is not None else None)
+    verdict = freshness_verdict([(row.lead_id, row.fresh_at) for row in leads], cadence_s=spec.recrawl_every_s,
+                                now=now, intervals_s=intervals, window_s=spec.recrawl.min_s)
+    stale = verdict.details["stale_leads"]
+    assert isinstance(stale, int)
+    return cadence, len(leads) - stale
+
+
+def _rate_per_s(spec: SourceSpec, row: Row[Any]) -> float:
+    """A lead's rate of change as its source's planner reads it: the one kept for the source's prior,
+    else estimated from its visits (a lead never visited: the prior's)."""
+    if row.rate_per_s is not None and row.prior_s == spec.recrawl.prior_s:
+        return float(row.rate_per_s)
+    return change_rate(decode_visits(row.visits or ""), prior_rate_per_s(spec))
 
 
 def _group(rows: Iterable[Any]) -> dict[str, list[Any]]:

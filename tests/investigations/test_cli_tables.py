@@ -3,6 +3,8 @@ within their column, whole, never cut short with "…"."""
 
 from __future__ import annotations
 
+import json
+import math
 import random
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -18,6 +20,7 @@ from investigations.identities import IdentityPool, parse_identities
 from investigations.intake.leads import normalize_lead
 from investigations.pacing import GapSampler, RateLanes
 from investigations.pacing.lanes import identity_lane, source_lane
+from investigations.scheduling.cadence import SourcePlan
 from investigations.sources.specs import load_sources
 from investigations.store import StateStore
 
@@ -214,3 +217,65 @@ def test_a_lead_id_stays_on_one_line_while_longer_values_fold(state, monkeypatch
     assert main(command.split()) == 0
     out = capsys.readouterr().out
     assert LEAD.id in out  # on one line, to copy into `--lead`
+
+
+# Sources on each kind of cadence: robust (collected in `state`) fixed; the others learned, collecting
+# `state`'s lead, one planned now, one under a stored plan whose budget was short, one monitoring none.
+CADENCED = """
+sources:
+  - {name: robust, adapter: json_api, lead_kinds: [domain], request: {url: "https://robust.example/{value}"},
+     recrawl_every: 6h, daily_budget_usd: 5}
+  - {name: learned, adapter: json_api, lead_kinds: [domain], request: {url: "https://learned.example/{value}"},
+     recrawl: {min: 1h, max: 30d, every: 6h}}
+  - {name: starved, adapter: json_api, lead_kinds: [domain], request: {url: "https://starved.example/{value}"},
+     recrawl: {min: 1h, max: 1d, every: 6h}}
+  - {name: unseen, adapter: json_api, lead_kinds: [domain], request: {url: "https://unseen.example/{value}"},
+     recrawl: {min: 2h, max: 10d}}
+"""
+
+
+@pytest.fixture
+def cadenced(state: StateStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StateStore:
+    sources = tmp_path / "cadenced.yaml"
+    sources.write_text(CADENCED)
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(sources))
+    specs = load_sources(sources)
+    for name in ("learned", "starved"):  # one answer with records: the lead changes at its source's prior
+        state.complete_collection(source=name, lead_id=LEAD.id, outcome="ok", records=2, content_hash="h", path="/p",
+                                  run_id="r", change_prior_s=specs.get(name).recrawl.prior_s)
+    state.keep_cadence_plan("starved", SourcePlan(math.inf, short=True), now=datetime.now(UTC))
+    return state
+
+
+def test_the_fleet_s_cadence_is_fixed_or_learned_in_its_json(cadenced, capsys) -> None:
+    assert main(["fleet", "--json"]) == 0
+    cadence = {row["source"]: row["cadence"] for row in json.loads(capsys.readouterr().out)}
+    assert cadence["robust"] == {"kind": "fixed", "interval_s": 21600.0, "min_s": 21600.0, "max_s": 21600.0,
+                                 "budget_short": False, "planned_at": None}
+    # Not planned yet: planned now, the lead at its source's prior, within what the fixed 6 h would spend.
+    assert (cadence["learned"]["kind"], cadence["learned"]["planned_at"]) == ("learned", None)
+    assert cadence["learned"]["interval_s"] == pytest.approx(21600.0)
+    assert (cadence["starved"]["interval_s"], cadence["starved"]["budget_short"]) == (86400.0, True)
+    assert cadence["starved"]["planned_at"] is not None  # read from the planner's stored plan
+    assert cadence["unseen"]["interval_s"] is None
+
+
+@pytest.mark.parametrize("width", [240, WIDTH])
+def test_the_fleet_table_shows_each_source_s_cadence_whole_in_its_holding_half(cadenced, monkeypatch, capsys,
+                                                                                width) -> None:
+    monkeypatch.setenv("COLUMNS", str(width))
+    assert main(["fleet"]) == 0
+    out = capsys.readouterr().out
+    fleet = out.split("\npacing:")[0]
+    assert not [line for line in out.splitlines() if len(line) > width] and "…" not in out
+    assert [line.split()[0] for line in fleet.splitlines()].count("source") == (1 if width > WIDTH else 2)
+    header = next(line for line in fleet.splitlines() if "cadence" in line.split()).split()
+    assert header[header.index("cadence") + 1] == "fresh"  # with what the source holds
+    assert ("health" in header) is (width > WIDTH)  # narrow: in the holding half's table
+    cells = ["fixed 6h", "learned ~6h", "learned ~1d (short)", "learned -"]
+    cut = [cell for cell in cells if not shown_whole(fleet, cell)]
+    assert not cut, f"not shown whole: {cut}\n{out}"
+    if width > WIDTH:  # room enough: each on one line
+        assert all(cell in fleet for cell in cells)
+    assert "  starved: cadence: the budget is short: every lead at its max, 1d" in out
+    assert "learned: cadence" not in out

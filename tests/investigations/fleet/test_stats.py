@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import event
 
 from investigations.collection.events import FetchEvent, Outcome
+from investigations.fleet import stats
+from investigations.fleet.degradation import judge_source, lead_intervals_s
 from investigations.fleet.stats import (
+    Cadence,
     CollectionRow,
     Freshness,
     LaneStanding,
@@ -26,6 +32,8 @@ from investigations.fleet.stats import (
 from investigations.intake.leads import normalize_lead
 from investigations.pacing import GapSampler, RateLanes
 from investigations.pacing.lanes import identity_lane, source_lane
+from investigations.scheduling.cadence import SourcePlan
+from investigations.scheduling.dispatch import plan_cadence
 from investigations.sources.specs import parse_sources
 from investigations.store import StateStore
 from investigations.store import schema as s
@@ -162,6 +170,143 @@ def test_the_recurring_share_counts_the_window_s_finished_collections_by_class(s
         store.finish_dispatched("api", f"lead-{n}", outcome="ok", now=NOW - timedelta(minutes=3))
     api, quiet = fleet_figures(store, CATALOG, now=NOW, window_s=WINDOW_S)
     assert (api.recurring_share, quiet.recurring_share) == (0.75, None)
+
+
+# -- cadence: how often each source collects its monitored leads again ------------------------------
+
+CADENCED = parse_sources("""
+sources:
+  - name: learned
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://learned.example/lookup?q={value}"}
+    recrawl: {min: 1h, max: 30d, every: 6h}
+  - name: fixed
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://fixed.example/lookup?q={value}"}
+    recrawl_every: 6h
+  - name: starved
+    adapter: json_api
+    lead_kinds: [domain]
+    request: {url: "https://starved.example/lookup?q={value}"}
+    recrawl: {min: 1h, max: 1d, every: 6h}
+    daily_budget_usd: 0.01
+    cost_per_request_usd: 0.01
+""")
+LEARNED, FIXED, STARVED = (CADENCED.get(name) for name in ("learned", "fixed", "starved"))
+BUSY, CALM, DEAD = (normalize_lead("domain", f"{name}.example") for name in ("busy", "calm", "dead"))
+DAY_S = 86_400.0
+
+
+def monitored(store: StateStore, source: str = "learned") -> None:
+    """Three leads of an open case visited every 6 h for two days until 12 h ago: busy changed each
+    time, calm and dead never; dead is a dead letter since (the recurring plan leaves it out)."""
+    prior_s = CADENCED.get(source).recrawl.prior_s
+    for lead in (BUSY, CALM, DEAD):
+        store.add_lead(lead, case_id="case", now=NOW - timedelta(days=3))
+    for hour in range(0, 48, 6):
+        at = NOW - timedelta(hours=54 - hour)
+        for lead, content in ((BUSY, f"b{hour}"), (CALM, "same"), (DEAD, "same")):
+            store.complete_collection(source=source, lead_id=lead.id, outcome="ok", records=2, content_hash=content,
+                                      path="/p", run_id="r", now=at, change_prior_s=prior_s)
+    store.put_dead_letter(source=source, lead_id=DEAD.id, reason_group="transient", last_status=503, attempts=4,
+                          last_error="HTTP 503", now=NOW - timedelta(hours=1))
+
+
+def by_source(store: StateStore, catalog=CADENCED) -> dict[str, stats.SourceFigures]:
+    return {f.source: f for f in fleet_figures(store, catalog, now=NOW, window_s=WINDOW_S)}
+
+
+def test_a_fixed_source_s_cadence_is_its_recrawl_every_and_its_freshness_the_sql_aggregate(store) -> None:
+    monitored(store, "fixed")
+    fixed = by_source(store)["fixed"]
+    assert fixed.cadence == Cadence("fixed", 6 * 3600.0, 6 * 3600.0, 6 * 3600.0)
+    assert (fixed.monitored, fixed.fresh) == (3, 0)  # all three collected 12 h ago: past 6 h
+    assert fixed.as_dict()["cadence"] == {"kind": "fixed", "interval_s": 21600.0, "min_s": 21600.0,
+                                          "max_s": 21600.0, "budget_short": False, "planned_at": None}
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["not planned yet: planned now", "the planner's stored plan"])
+def test_on_a_learned_cadence_a_lead_is_fresh_as_the_fresh_check_judges_it(store, stored) -> None:
+    monitored(store)
+    if stored:
+        plan_cadence(store, LEARNED, now=NOW)  # what the recurring planner keeps each pass
+    learned = by_source(store)["learned"]
+    # All three were collected with records 12 h ago, far within recrawl.max (30 d): busy's own interval
+    # (under 4 h, so stale after under 6 h) is long past, calm's (over 16 h) is not, and dead, which the
+    # plan leaves out, is held to recrawl.max.
+    assert (learned.monitored, learned.fresh, learned.fresh_share) == (3, 2, 2 / 3)
+    verdict = judge_source(store, LEARNED, now=NOW)["fresh"]
+    assert (verdict.details["monitored_leads"], verdict.details["stale_leads"], verdict.examples) == (3, 1, [BUSY.id])
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["not planned yet: planned now", "the planner's stored plan"])
+def test_a_learned_source_s_cadence_is_its_monitored_leads_median_planned_interval(store, stored) -> None:
+    monitored(store)
+    intervals = lead_intervals_s(store, LEARNED, now=NOW)
+    assert intervals is not None and DEAD.id not in intervals
+    if stored:
+        plan_cadence(store, LEARNED, now=NOW - timedelta(minutes=1))
+    cadence = by_source(store)["learned"].cadence
+    assert cadence is not None and (cadence.kind, cadence.budget_short) == ("learned", False)
+    assert cadence.interval_s == pytest.approx(statistics.median([intervals[BUSY.id], intervals[CALM.id]]))
+    assert cadence.planned_at == (NOW - timedelta(minutes=1) if stored else None)
+    assert (cadence.min_s, cadence.max_s) == (3600.0, 30 * DAY_S)
+
+
+def test_a_stored_plan_is_read_not_made_again(store, monkeypatch) -> None:
+    monitored(store)
+    # A plan whose budget was short: every lead at its max, where planning now would give busy under 4 h.
+    store.keep_cadence_plan("learned", SourcePlan(math.inf, short=True), now=NOW - timedelta(minutes=1))
+
+    def planned_again(*_args, **_kwargs):
+        raise AssertionError("planned again although a plan is stored")
+
+    monkeypatch.setattr(stats, "lead_intervals_s", planned_again)
+    learned = by_source(store)["learned"]
+    assert learned.cadence == Cadence("learned", 30 * DAY_S, 3600.0, 30 * DAY_S, budget_short=True,
+                                      planned_at=NOW - timedelta(minutes=1))
+    assert learned.fresh == 3  # at its max (30 d), busy collected 12 h ago is fresh
+
+
+def test_a_learned_source_whose_budget_is_short_has_every_lead_at_its_max(store) -> None:
+    monitored(store, "starved")  # one request a day for two leads: short, stored plan or not
+    starved = by_source(store)["starved"]
+    assert starved.cadence is not None and (starved.cadence.interval_s, starved.cadence.budget_short) == (DAY_S, True)
+    plan_cadence(store, STARVED, now=NOW)
+    assert by_source(store)["starved"].cadence == replace(starved.cadence, planned_at=NOW)
+
+
+def test_a_learned_source_without_monitored_leads_has_no_interval(store) -> None:
+    assert by_source(store)["learned"].cadence == Cadence("learned", None, 3600.0, 30 * DAY_S)
+
+
+def test_the_cadence_costs_a_learned_source_one_query_and_a_fixed_one_none(sqlite_store) -> None:
+    store = sqlite_store
+    monitored(store)
+    monitored(store, "fixed")
+    plan_cadence(store, LEARNED, now=NOW)
+    statements: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:
+        statements.append(statement)
+
+    def queries(catalog) -> int:
+        statements.clear()
+        event.listen(store.engine, "before_cursor_execute", count)
+        try:
+            fleet_figures(store, catalog, now=NOW, window_s=WINDOW_S)
+        finally:
+            event.remove(store.engine, "before_cursor_execute", count)
+        return len(statements)
+
+    fixed, learned = (parse_sources(f"sources:\n  - {{name: {spec.name}, adapter: json_api, lead_kinds: [domain], "
+                                    f"request: {{url: 'https://x.example/{{value}}'}}, {recrawl}}}\n")
+                      for spec, recrawl in ((FIXED, "recrawl_every: 6h"),
+                                            (LEARNED, "recrawl: {min: 1h, max: 30d, every: 6h}")))
+    # Both have their monitored leads summed up in SQL; the learned one reads its leads and plan in one more.
+    assert queries(learned) - queries(fixed) == 1
 
 
 NOW_S = NOW.timestamp()
