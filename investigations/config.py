@@ -19,6 +19,7 @@ DEFAULT_INTAKE_PORT = 8700
 DEFAULT_SANDBOX_PORT = 8800
 DEFAULT_UI_PORT = 3000
 DEFAULT_DIGEST_PERIOD_S = 86400.0
+DEFAULT_RECURRING_EVERY_S = 60.0
 
 
 class ConfigError(ValueError):
@@ -58,6 +59,9 @@ class Settings:
     ui_port: int
     # How often each case's Slack digest of what's new goes out (`INVESTIGATIONS_DIGEST_PERIOD`: 6h, 1d).
     digest_period_s: float = DEFAULT_DIGEST_PERIOD_S
+    # How often the recurring planner looks for due leads (`INVESTIGATIONS_RECURRING_EVERY`: 1m, 10s):
+    # a lead is collected again at most this late after its cadence came round.
+    recurring_every_s: float = DEFAULT_RECURRING_EVERY_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -77,6 +81,7 @@ class Settings:
             sandbox_port=_port(env, "INVESTIGATIONS_SANDBOX_PORT", DEFAULT_SANDBOX_PORT),
             ui_port=_port(env, "INVESTIGATIONS_UI_PORT", DEFAULT_UI_PORT),
             digest_period_s=_duration_s(env, "INVESTIGATIONS_DIGEST_PERIOD", DEFAULT_DIGEST_PERIOD_S),
+            recurring_every_s=_duration_s(env, "INVESTIGATIONS_RECURRING_EVERY", DEFAULT_RECURRING_EVERY_S),
         )
 
     @classmethod

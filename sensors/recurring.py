@@ -27,11 +27,14 @@ RECURRING_SENSOR = "recurring_crawls"
 INTERVAL_S = 60
 
 
-def build_recurring_sensor(catalog: SourceCatalog, jobs: list[SourceJob]) -> SensorDefinition:
+def build_recurring_sensor(catalog: SourceCatalog, jobs: list[SourceJob], *,
+                           interval_s: float = INTERVAL_S) -> SensorDefinition:
+    """The sensor, ticking every `interval_s` (the `INVESTIGATIONS_RECURRING_EVERY` setting)."""
+
     @sensor(
         name=RECURRING_SENSOR,
         jobs=jobs,
-        minimum_interval_seconds=INTERVAL_S,
+        minimum_interval_seconds=max(1, round(interval_s)),
         default_status=DefaultSensorStatus.RUNNING,
         description="Queues monitored leads (in active cases) whose cadence has come round (their source's "
         "recrawl_every, or the interval each lead's changes earned within its source's recrawl bounds and budget), "

@@ -40,7 +40,7 @@ def test_the_job_requeues_the_matching_dead_letters_once(world) -> None:
 @pytest.mark.parametrize(
     ("config", "says"),
     [
-        ({"source": "nosuch"}, "unknown source 'nosuch' (known: robust, fragile, flaky, quiet, slow)"),
+        ({"source": "nosuch"}, "unknown source 'nosuch' (known: robust, fragile, flaky, quiet, slow, changing)"),
         ({"reason": "bogus"}, "unknown reason 'bogus' (known: throttled,"),
         ({}, "say which dead letters to requeue"),
         ({"lead": "domain:not a domain"}, "lead 'domain:not a domain'"),

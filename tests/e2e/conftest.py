@@ -21,6 +21,7 @@ from tests.fakes import FakeSlack
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_BATCH_SOURCES = ("slow", "quiet")
+LEARNED_SOURCE, LEARNED_RECRAWL = "changing", {"min": "10s", "max": "10m", "every": "15s"}
 SECRET = "whsec_ZTJlLXRlc3Qtc2VjcmV0LWZvci10aGUtaW50YWtl"
 SLACK_TOKEN = "xoxb-e2e-slack-token-value"
 
@@ -64,6 +65,9 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         if entry["name"] in SMALL_BATCH_SOURCES:
             entry["batch_max_leads"] = 4
             entry["timeout_s"] = 30  # their answers are slowed down on purpose in the priority test
+        if entry["name"] == LEARNED_SOURCE:
+            # Its learned cadence in seconds, not hours, so a lead comes round again within a test.
+            entry["recrawl"] = LEARNED_RECRAWL
     sources_path = base / "sources.yaml"
     sources_path.write_text(yaml.safe_dump(sources, sort_keys=False))
     slack = FakeSlack()  # the daemon's alert sensor posts to it over loopback
@@ -78,6 +82,7 @@ def fleet(sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "INVESTIGATIONS_SLACK_TOKEN": SLACK_TOKEN,
         "INVESTIGATIONS_SLACK_API_URL": slack.url,
         "INVESTIGATIONS_SLACK_CHANNEL": "#fleet-e2e",
+        "INVESTIGATIONS_RECURRING_EVERY": "5s",  # the recurring planner's tick (1m by default)
         **DAGSTER_ENV,
     }
     bin_dir = Path(sys.executable).parent

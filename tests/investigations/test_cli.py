@@ -147,9 +147,9 @@ def test_fleet_figures_and_health_per_source_as_json(state, monkeypatch, capsys)
     _fetched(state, "fragile", Outcome.THROTTLED, requests=3, status=429)
     assert main(["fleet", "--json", "--window-min", "5"]) == 0
     rows = {row["source"]: row for row in json.loads(capsys.readouterr().out)}
-    assert set(rows) == {"robust", "fragile", "flaky", "quiet", "slow"}
+    assert set(rows) == {"robust", "fragile", "flaky", "quiet", "slow", "changing"}
     assert {source: row["health"] for source, row in rows.items()} == {
-        "robust": "ok", "quiet": "empty", "fragile": "blocked", "flaky": "idle", "slow": "idle"}
+        "robust": "ok", "quiet": "empty", "fragile": "blocked", "flaky": "idle", "slow": "idle", "changing": "idle"}
     robust = rows["robust"]
     assert robust["requests_per_min"] == 6 / 5 and robust["records_per_min"] == 4 / 5
     assert (robust["fresh"], robust["monitored"], robust["latency_p95_ms"]) == (1, 1, 12.0)
@@ -300,12 +300,12 @@ def test_identities_without_a_pool_says_requests_go_out_directly(state, capsys) 
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["dlq", "list", "--source", "nosuch"], "unknown source 'nosuch' (known: robust, fragile, flaky, quiet, slow)"),
+        (["dlq", "list", "--source", "nosuch"], "unknown source 'nosuch' (known: robust, fragile, flaky, quiet, slow, changing)"),
         (["dlq", "requeue", "--reason", "bogus"], "unknown reason 'bogus' (known: throttled, transient,"),
         (["identities", "--source", "nosuch"], "unknown source 'nosuch'"),
         (["backfill", "--source", "nosuch"], "unknown source 'nosuch'"),
         (["records", "--lead", "domain:not a domain"], "not a domain"),
-        (["fleet", "--source", "nosuch"], "unknown source 'nosuch' (known: robust, fragile, flaky, quiet, slow)"),
+        (["fleet", "--source", "nosuch"], "unknown source 'nosuch' (known: robust, fragile, flaky, quiet, slow, changing)"),
     ],
 )
 def test_a_filter_naming_nothing_is_an_error_with_the_valid_choices(state, capsys, argv, says) -> None:

@@ -44,9 +44,14 @@ def spec_error(text: str, env: dict[str, str] | None = None) -> str:
 # -- the repo's own file ---------------------------------------------------------------------------
 
 
-def test_repo_sources_file_loads_five_sources_in_file_order() -> None:
+def test_repo_sources_file_loads_six_sources_in_file_order() -> None:
     catalog = load_sources(ROOT / "sources.yaml", env={"INVESTIGATIONS_SANDBOX_URL": SANDBOX})
-    assert catalog.names == ["robust", "fragile", "flaky", "quiet", "slow"]
+    assert catalog.names == ["robust", "fragile", "flaky", "quiet", "slow", "changing"]
+
+
+def test_repo_sources_file_has_one_source_on_a_learned_cadence() -> None:
+    catalog = load_sources(ROOT / "sources.yaml", env={"INVESTIGATIONS_SANDBOX_URL": SANDBOX})
+    assert [spec.name for spec in catalog.sources if not spec.recrawl.is_fixed] == ["changing"]
 
 
 def test_repo_sources_file_points_every_source_at_the_sandbox_url_from_the_env() -> None:
