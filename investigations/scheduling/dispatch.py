@@ -448,8 +448,11 @@ def plan_cadence(store: StateStore, spec: SourceSpec, *, now: datetime) -> Revis
     leads, estimated = estimate_rates(leads, prior_rate_per_s(spec))
     store.keep_change_rates(spec.name, estimated, prior_s=prior_s)
     plan = plan_source(spec, leads, now_s=now.timestamp())
-    # Kept for each lead's next visit as it is stored (`next_visit`): one row a source and pass.
-    store.keep_cadence_plan(spec.name, SourcePlan(plan.scale, plan.short), now=now)
+    if leads:
+        # Kept for each lead's next visit as it is stored (`next_visit`): one row a source and pass.
+        # A plan over no leads is not: its scale (0, the budget pays for every lead at `min`) says
+        # nothing of the first leads' intervals, which would all read `min` until the next pass.
+        store.keep_cadence_plan(spec.name, SourcePlan(plan.scale, plan.short), now=now)
     return plan
 
 

@@ -106,6 +106,15 @@ def test_a_learned_source_not_planned_yet_says_so_and_reads_every_lead_at_its_pr
     assert view.interval_s > LEARNED.recrawl.prior_s  # calm never changed: later than a lead at the prior
 
 
+def test_a_plan_made_before_any_lead_is_not_kept_for_the_first_leads_to_read(sqlite_store: StateStore) -> None:
+    plan_recurring(sqlite_store, _catalog("recrawl: {min: 1h, max: 30d, every: 6h}"), now=NOW)  # nothing monitored
+    assert sqlite_store.cadence_plan(LEARNED.name) is None
+    _busy_and_calm(sqlite_store)
+    view = next_visit(sqlite_store, LEARNED, CALM.id)
+    assert view is not None and "not planned yet" in view.why
+    assert view.interval_s > LEARNED.recrawl.min_s  # not every lead at its min
+
+
 @pytest.mark.parametrize(
     ("spec", "arrange", "interval_s", "says"),
     [

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import Engine, inspect, select
 
 from investigations.collection.events import Outcome
+from investigations.intake.leads import normalize_lead
 from investigations.pacing import GapSampler, RateLanes, aimd
 from investigations.pacing.lanes import LaneSpec
 from investigations.scheduling.cadence import ChangeHistory
@@ -268,6 +269,10 @@ sources:
         columns = [(c["name"], c["nullable"]) for c in inspect(conn).get_columns("cadence_plans", schema=schema)]
     assert columns == [(c.name, c.nullable) for c in s.cadence_plans.columns]
     assert store.cadence_plan("learned") is None
+    lead = normalize_lead("domain", "learned.example")  # a monitored lead: a plan over none is not kept
+    store.add_lead(lead, case_id="case-1")
+    store.complete_collection(source="learned", lead_id=lead.id, outcome="ok", records=1, content_hash="h",
+                              path="p", run_id=None, now=V5_AT - timedelta(hours=1))
     plan_recurring(store, catalog, now=V5_AT)
     assert store.cadence_plan("learned") is not None
 
