@@ -128,6 +128,11 @@ def health_metadata(figures: Sequence[SourceFigures], *, lanes: Sequence[LaneSta
             value = getattr(f, name)
             if value is not None:
                 own[name] = MetadataValue.float(float(value))
+        if f.cadence is not None:
+            # How often its monitored leads are collected again: fixed, or their median learned interval.
+            own["cadence"] = f.cadence.text()
+            if f.cadence.interval_s is not None:
+                own["cadence_interval_s"] = MetadataValue.float(round(f.cadence.interval_s, 1))
         own.update(pacing_metadata([lane for lane in lanes if lane.source == f.source]))
         per_source[f.source] = own
     rows = ["| source | health | why |", "|---|---|---|"]

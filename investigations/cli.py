@@ -635,6 +635,8 @@ _FLEET_LEFT = ("source", "health", "cadence", "circuit")
 
 
 def _print_fleet(args: argparse.Namespace) -> None:
+    from investigations.fleet.stats import every_text
+
     rows = _fleet_rows(Settings.from_env(), hours=args.hours, window_s=args.window_min * 60)
     if args.source is not None:
         rows = [row for row in rows if row["source"] == args.source]
@@ -657,7 +659,7 @@ def _print_fleet(args: argparse.Namespace) -> None:
     for row in rows:
         if row["cadence"] and row["cadence"]["budget_short"]:
             console.print(f"  {row['source']}: cadence: the budget is short: every lead at its max, "
-                          f"{_every(row['cadence']['max_s'])}", highlight=False, markup=False)
+                          f"{every_text(row['cadence']['max_s'])}", highlight=False, markup=False)
     for row in rows:
         for reason, count in sorted(row["parked"].items(), key=lambda item: -item[1]):
             console.print(f"  {row['source']}: {count} parked: {reason}", highlight=False, markup=False)
@@ -718,23 +720,10 @@ def _fleet_cells(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cadence(cadence: dict[str, Any] | None) -> str:
-    """A source's cadence (`stats.Cadence`): `fixed 6h`; `learned ~14h`, its monitored leads' median
-    planned interval (`learned -`: none planned), `(short)` when its budget leaves every lead at its max."""
-    if cadence is None:
-        return "-"
-    if cadence["kind"] == "fixed":
-        return f"fixed {_every(cadence['interval_s'])}"
-    if cadence["interval_s"] is None:
-        return "learned -"
-    return f"learned ~{_every(cadence['interval_s'])}" + (" (short)" if cadence["budget_short"] else "")
+    """A source's cadence as the fleet table shows it (`stats.Cadence.text`)."""
+    from investigations.fleet.stats import Cadence
 
-
-def _every(seconds: float) -> str:
-    """An interval in as few characters as reads well: `6h`, `14h`, `1.5d`, `30m`, `45s`."""
-    unit, size = next(((unit, size) for unit, size in (("d", 86400), ("h", 3600), ("m", 60)) if seconds >= size),
-                      ("s", 1))
-    value = seconds / size
-    return (f"{value:.0f}" if value >= 9.95 else f"{value:.1f}".removesuffix(".0")) + unit
+    return "-" if cadence is None else Cadence(**cadence).text()
 
 
 def _fleet_table(title: str | None, columns: Sequence[str], cells: Sequence[dict[str, Any]]) -> Table:

@@ -138,6 +138,23 @@ class Cadence:
     def fixed(cls, spec: SourceSpec) -> Cadence:
         return cls("fixed", spec.recrawl.min_s, spec.recrawl.min_s, spec.recrawl.max_s)
 
+    def text(self) -> str:
+        """`fixed 6h`; `learned ~14h`, the median planned interval (`learned -`: none planned), with
+        `(short)` when the budget leaves every lead at its max."""
+        if self.kind == "fixed":
+            return f"fixed {every_text(self.min_s)}"
+        if self.interval_s is None:
+            return "learned -"
+        return f"learned ~{every_text(self.interval_s)}" + (" (short)" if self.budget_short else "")
+
+
+def every_text(seconds: float) -> str:
+    """An interval in as few characters as reads well: `6h`, `14h`, `1.5d`, `30m`, `45s`."""
+    unit, size = next(((unit, size) for unit, size in (("d", 86400), ("h", 3600), ("m", 60)) if seconds >= size),
+                      ("s", 1))
+    value = seconds / size
+    return (f"{value:.0f}" if value >= 9.95 else f"{value:.1f}".removesuffix(".0")) + unit
+
 
 @dataclass(frozen=True)
 class IdentityStanding:

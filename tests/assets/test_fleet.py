@@ -68,6 +68,9 @@ def test_each_source_s_figures_are_numeric_entries_of_its_own_asset(sandbox_env)
     assert robust["block_rate"].value == 2 / 5 and robust["latency_p95_ms"].value == 30.0
     assert overview.metadata["fleet/requests_per_min"].value == 5 / 15
     assert "robust" in overview.metadata["unhealthy"].value
+    # Each source's cadence, read back from its materialization: fixed, or learned (no lead planned yet).
+    assert robust["cadence"].value == "fixed 6h" and robust["cadence_interval_s"].value == 6 * 3600
+    assert own["changing"].metadata["cadence"].value == "learned -"
 
 
 def test_each_source_s_asset_plots_its_lane_s_rate_in_use_and_ceiling_and_lists_its_lanes(sandbox_env) -> None:
