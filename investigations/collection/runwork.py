@@ -78,6 +78,9 @@ class RunWork(Generic[Outcome]):
         self._open = open_to_joins and bool(handover_key)
         self._open_for_s, self._linger_s = open_for_s, linger_s
         self._on_join, self._clock, self._sleep, self._wall = on_join, clock, sleep, wall
+        # True while the outcome just given back left nothing in flight or waiting: what the caller
+        # holds back for a group (check results) should go out now, not when an open run closes.
+        self.idle = False
 
     def outcomes(self) -> Iterator[tuple[str, Outcome]]:
         """(lead id, outcome) for every lead of the run, in the order they finish."""
@@ -97,7 +100,9 @@ class RunWork(Generic[Outcome]):
                     if running:
                         done, _ = wait(running, timeout=POLL_S if self._open else None, return_when=FIRST_COMPLETED)
                         for future in done:
-                            yield running.pop(future), future.result()
+                            lead = running.pop(future)
+                            self.idle = not running and not self._pending
+                            yield lead, future.result()
                     else:
                         self._sleep(POLL_S)  # open, nothing to do: wait for a joined lead
                     now = self._clock()

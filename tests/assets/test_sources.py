@@ -316,6 +316,33 @@ def test_a_fresh_lead_joined_to_a_run_before_it_started_is_collected_first(world
     assert order[0] == lead.id and sorted(order[1:]) == sorted(other.id for other in others)
 
 
+def test_an_open_run_reports_its_leads_checks_when_they_are_done_not_after_its_linger(world, monkeypatch) -> None:
+    import assets.sources
+    from investigations.collection.runwork import RunWork
+
+    class Lingering(RunWork):  # the open run's linger, short enough for a test
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, linger_s=3.0, **kwargs)
+
+    monkeypatch.setattr(assets.sources, "RunWork", Lingering)
+    settings, lead, instance, store = world
+    spec = load_catalog(settings.sources_path).get("robust")
+    store.enqueue([("robust", lead.id)], origin="inbox:1", priority_class="interactive", case_id="case-1")
+    (row,) = store.dispatch("robust", limit=1)
+    store.assign_handover([row.id], handover_key="robust:open")
+    result = materialize([build_source_asset(spec)], instance=instance, resources={"fleet": FleetResource()},
+                         partition_key=lead.id,
+                         tags={HANDOVER_TAG: "robust:open", **run_tags(PriorityClass.INTERACTIVE)})
+    (stored,) = [event for event in result.all_events if event.event_type_value == "ASSET_MATERIALIZATION"]
+    (checked,) = [event for event in result.all_events if event.event_type_value == "ASSET_CHECK_EVALUATION"]
+    (ended,) = [event for event in result.all_events if event.event_type_value == "STEP_SUCCESS"]
+    times = {record.dagster_event.event_type_value: record.timestamp for record in instance.all_logs(result.run_id)
+             if record.dagster_event is not None}
+    assert stored and checked and ended
+    assert times["ASSET_CHECK_EVALUATION"] - times["ASSET_MATERIALIZATION"] < 1.0  # not held for the linger
+    assert times["STEP_SUCCESS"] - times["ASSET_MATERIALIZATION"] >= 3.0  # which the run still waited
+
+
 def test_a_retry_of_a_run_killed_after_it_stored_its_lead_succeeds_collecting_nothing(world, sandbox) -> None:
     """The run worker was killed after the lead's bookkeeping; Dagster's retry finds nothing owed."""
     settings, lead, instance, store = world

@@ -104,3 +104,11 @@ def test_a_failing_collection_closes_the_run_to_joins(store) -> None:
     with pytest.raises(RuntimeError, match="worker trouble"):
         list(_work(store, ["a"], rows, collect, open_to_joins=True).outcomes())
     assert store.open_collectors(now_s=time.time()) == {}
+
+
+def test_a_run_says_it_is_idle_with_the_outcome_that_left_nothing_in_flight_or_waiting(store) -> None:
+    rows = _handed_over(store, ["a", "b", "c"])
+    work = _work(store, ["a", "b", "c"], rows, collect=str, open_to_joins=True, linger_s=0.5)
+    idle = [(lead, work.idle) for lead, _ in work.outcomes()]
+    # Idle at the last lead, before the open run's linger: what waits for a group goes out then.
+    assert idle == [("a", False), ("b", False), ("c", True)]
