@@ -41,6 +41,7 @@ from assets.partitions import leads_partitions
 from investigations.collection.collect import CollectionFailed, CollectionParked, CollectionResult
 from investigations.collection.runwork import RunWork
 from investigations.fleet.degradation import BASELINE_COLLECTIONS, Verdict, answer_verdict
+from investigations.intake.leads import Lead
 from investigations.scheduling.cost import collection_cost_usd, identity_prices, over_budget, spend_today
 from investigations.scheduling.dispatch import LeadCadenceView, batch_size, next_visit
 from investigations.scheduling.priority import (
@@ -48,6 +49,7 @@ from investigations.scheduling.priority import (
     CASE_TAG,
     HANDOVER_TAG,
     JOINED_CASES_TAG,
+    LEADS_TAG,
     PRIORITY_CLASS_TAG,
     PriorityClass,
     is_background,
@@ -328,6 +330,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
             # interactive one still looks for fresh leads joined to it while it is open: see RunWork.)
             context.log.info("nothing left to collect: every lead of this handover is stored, parked or handed on")
             return
+        name_leads(context, fleet.store, lead_ids)
         baselines = Baselines(fleet.store, spec)
         checks = PendingChecks(context.instance, spec)
         prices = identity_prices(fleet.store)
@@ -385,6 +388,29 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
 
 # A run tag's value is cut to this length.
 TAG_MAX = 1000
+
+
+def leads_text(lead_ids: Sequence[str], leads: Mapping[str, Lead], *, limit: int = TAG_MAX) -> str:
+    """The leads as investigators type them (`domain:example.com`), in order, at most `limit`
+    characters: those that do not fit are counted (`+ 290 more`)."""
+    names = [f"{lead.kind}:{lead.value}" if (lead := leads.get(lead_id)) else lead_id for lead_id in lead_ids]
+    text = ""
+    for shown, name in enumerate(names):
+        rest = len(names) - shown - 1
+        candidate = f"{text}, {name}" if text else name
+        if len(candidate) + (len(f", + {rest} more") if rest else 0) > limit:
+            return f"{text}, + {len(names) - shown} more" if text else f"+ {len(names)} leads"
+        text = candidate
+    return text
+
+
+def name_leads(context: AssetExecutionContext, store: StateStore, lead_ids: Sequence[str]) -> None:
+    """Tag a run of several leads with their values (LEADS_TAG): its partition keys are ids, and a UI
+    backfill's run otherwise names no lead at all. A run of one lead names it otherwise (the
+    dispatcher's `investigations/lead`, or its partition)."""
+    if len(lead_ids) < 2:
+        return
+    context.instance.add_run_tags(context.run.run_id, {LEADS_TAG: leads_text(lead_ids, store.get_leads(lead_ids))})
 
 
 class JoinedCases:

@@ -40,6 +40,9 @@ CASE_TAG = "investigations/case"
 # An interactive run that fresh leads of other cases joined names those cases here (see
 # `investigations.collection.runwork`); its own case stays in CASE_TAG.
 JOINED_CASES_TAG = "investigations/joined_cases"
+# A run of several leads names them here, as investigators type them (`domain:example.com, ...`): the
+# leads a dispatched batch or a UI backfill's run covers, cut to a run tag's length.
+LEADS_TAG = "investigations/leads"
 
 
 def run_tags(priority: PriorityClass) -> dict[str, str]:

@@ -128,6 +128,16 @@ class LeadTables(Tables):
             row = conn.execute(select(s.leads.c.kind, s.leads.c.value).where(s.leads.c.lead_id == lead_id)).first()
         return Lead(row.kind, row.value) if row else None
 
+    def get_leads(self, lead_ids: Sequence[str]) -> dict[str, Lead]:
+        """The registered leads among `lead_ids`, by id, in one read."""
+        found: dict[str, Lead] = {}
+        with self.reading() as conn:
+            for start in range(0, len(lead_ids), 500):
+                query = select(s.leads.c.lead_id, s.leads.c.kind, s.leads.c.value).where(
+                    s.leads.c.lead_id.in_(list(lead_ids[start:start + 500])))
+                found.update({row.lead_id: Lead(row.kind, row.value) for row in conn.execute(query)})
+        return found
+
     def add_lead(self, lead: Lead, *, case_id: str | None = None, now: datetime | None = None) -> None:
         """Register a lead directly (CLI, tests), optionally in a case, without queueing a collection."""
         self.add_leads([lead], case_id=case_id, now=now)

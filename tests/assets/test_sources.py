@@ -26,14 +26,14 @@ from dagster import (
 )
 
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
-from assets.sources import CHECK_GROUP_LEADS, CHECK_GROUP_S, PendingChecks, build_source_asset
+from assets.sources import CHECK_GROUP_LEADS, CHECK_GROUP_S, PendingChecks, build_source_asset, leads_text
 from investigations.config import Settings
 from investigations.evidence.records import RecordStore
 from investigations.fleet.degradation import Verdict, answer_verdict
 from investigations.intake.leads import Lead, normalize_lead
 from investigations.pacing import Circuits
 from investigations.scheduling.dispatch import plan_recurring
-from investigations.scheduling.priority import BACKGROUND_NICENESS, HANDOVER_TAG, PriorityClass, run_tags
+from investigations.scheduling.priority import BACKGROUND_NICENESS, HANDOVER_TAG, LEADS_TAG, PriorityClass, run_tags
 from investigations.sources.catalog import load_catalog
 from investigations.sources.specs import load_sources, parse_sources
 from investigations.store import StateStore
@@ -242,6 +242,24 @@ def test_a_batch_run_collects_every_lead_of_a_partition_range(world) -> None:
     assert sorted(m.partition for m in mats) == sorted([lead.id, *(o.id for o in others)])
     checks = result.get_asset_check_evaluations()
     assert sorted(c.partition for c in checks) == sorted(m.partition for m in mats) and all(c.passed for c in checks)
+
+
+def test_a_batch_run_names_its_leads_by_value_in_a_run_tag(world) -> None:
+    _, lead, instance, _ = world
+    others, run = _batch_of_four(world)
+    result = run()
+    tag = instance.get_run_by_id(result.run_id).tags[LEADS_TAG]  # read back from Dagster's run record
+    assert sorted(tag.split(", ")) == sorted(f"{one.kind}:{one.value}" for one in [lead, *others])
+
+
+def test_the_leads_tag_counts_the_leads_that_do_not_fit() -> None:
+    leads = {f"id{i}": Lead("domain", f"lead-{i:03d}.example") for i in range(100)}
+    text = leads_text(list(leads), leads, limit=120)
+    assert len(text) <= 120 and text.startswith("domain:lead-000.example, domain:lead-001.example")
+    shown = text.count("domain:")
+    assert text.endswith(f", + {100 - shown} more")
+    assert leads_text(["id1", "id2"], leads) == "domain:lead-001.example, domain:lead-002.example"
+    assert leads_text(["unknown"], {}) == "unknown"  # an id the store does not hold is shown as it is
 
 
 def test_a_collection_whose_circuit_is_open_is_parked_not_failed(world) -> None:
