@@ -5,6 +5,7 @@ and backfills), up to the source's concurrency at once. Each lead gets its own m
 check result, so the UI shows per-lead state whichever way it was collected.
 """
 
+import gc
 import json
 import os
 import time
@@ -337,6 +338,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
         spent = spend_today(fleet.store, fleet.catalog, now=utcnow()).get(spec.name, 0.0)
         past_budget = over_budget(spec, spent) is not None
         lower_cpu_priority_if_background(context.run.tags)
+        freeze_startup_objects()
         failures: list[CollectionFailed] = []
         work = RunWork(
             fleet.store, source=spec.name, handover_key=context.run.tags.get(HANDOVER_TAG),
@@ -429,6 +431,17 @@ class JoinedCases:
             self._cases.extend(new)
             self._context.instance.add_run_tags(self._context.run.run_id,
                                                 {JOINED_CASES_TAG: ", ".join(self._cases)[:TAG_MAX]})
+
+
+def freeze_startup_objects() -> None:
+    """Leave what the run worker holds before its first collection out of Python's full garbage
+    collections (`gc.freeze`): Dagster, the definitions and the run's context, some 200,000 objects.
+    A full collection walks every tracked object with every thread stopped: about 100 ms here, often
+    enough to stall a batch's sends (gaps of 60-140 ms at 30 r/s). What the collections allocate is
+    still collected; only these long-lived objects are no longer walked. Once per process."""
+    if not gc.get_freeze_count():
+        # Not collected first: that full collection would itself delay the first request by as much.
+        gc.freeze()
 
 
 def lower_cpu_priority_if_background(tags: Mapping[str, str]) -> None:

@@ -402,6 +402,19 @@ def test_a_background_run_worker_gives_up_cpu_priority_once_and_an_interactive_o
     assert _niceness_after(tags) == (max(inherited, BACKGROUND_NICENESS) if background else inherited)
 
 
+def test_a_run_worker_leaves_what_it_loaded_out_of_full_garbage_collections() -> None:
+    # In a child process: freezing is for the life of a process, and this one runs the other tests.
+    code = ("import gc, time, definitions; from assets.sources import freeze_startup_objects as freeze; "
+            "freeze(); frozen = gc.get_freeze_count(); freeze(); "
+            "start = time.perf_counter(); gc.collect(); pause = time.perf_counter() - start; "
+            "print(frozen, gc.get_freeze_count(), pause)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    frozen, again, pause = done.stdout.split()
+    assert int(frozen) > 100_000 and int(again) == int(frozen)  # the definitions' objects, once
+    assert float(pause) < 0.05  # a full collection no longer walks them (about 0.1 s before)
+
+
 def _check_partition_states(instance: DagsterInstance, source: str) -> dict[str, str]:
     """Each partition's check state as Dagster's UI counts it: a result is current only when it
     names the partition's latest materialization; any other counts as missing."""
