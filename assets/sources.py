@@ -412,7 +412,9 @@ def name_leads(context: AssetExecutionContext, store: StateStore, lead_ids: Sequ
     dispatcher's `investigations/lead`, or its partition)."""
     if len(lead_ids) < 2:
         return
-    context.instance.add_run_tags(context.run.run_id, {LEADS_TAG: leads_text(lead_ids, store.get_leads(lead_ids))})
+    # A name takes at least 7 characters with its separator (`org:x, `): no more than these can be shown.
+    shown = store.get_leads(lead_ids[:TAG_MAX // 7 + 1])
+    context.instance.add_run_tags(context.run.run_id, {LEADS_TAG: leads_text(lead_ids, shown)})
 
 
 class JoinedCases:
