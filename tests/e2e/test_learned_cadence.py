@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dagster import AssetRecordsFilter
+from dagster import AssetRecordsFilter, DagsterRunStatus, RunsFilter
 
 from assets.naming import source_asset_key
 from investigations.demo.case import send_case
@@ -12,6 +12,9 @@ from investigations.scheduling.priority import PRIORITY_CLASS_TAG
 from investigations.store import StateStore
 
 pytestmark = pytest.mark.e2e
+
+IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+             DagsterRunStatus.STARTED]
 
 
 def test_a_lead_on_a_learned_cadence_is_collected_again_when_its_own_interval_comes_round(fleet) -> None:
@@ -40,6 +43,9 @@ def test_a_lead_on_a_learned_cadence_is_collected_again_when_its_own_interval_co
         assert metadata["next_due"].value > latest.timestamp
         assert store.cadence_plan(LEARNED_SOURCE) is not None
     finally:
-        # A closed case's leads are not collected again: the rest of the session stays quiet.
+        # A closed case's leads are not collected again: the rest of the session stays quiet, once
+        # a run of the source already queued or running has finished (the next test counts run slots).
         store.set_case_status("case-cadence", "closed")
         store.close()
+        busy = RunsFilter(tags={"investigations/source": LEARNED_SOURCE}, statuses=IN_FLIGHT)
+        wait_for(lambda: not instance.get_runs(busy), timeout_s=60, what="the source's runs to finish")
