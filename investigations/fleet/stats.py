@@ -55,7 +55,7 @@ from investigations.fleet.degradation import freshness_verdict, lead_intervals_s
 from investigations.pacing import GapSampler, RateLanes
 from investigations.pacing.aimd import NEVER_CUT_S
 from investigations.pacing.lanes import LaneState, identity_lane_name, source_lane
-from investigations.scheduling.cadence import SourcePlan, change_rate, planned_interval_s, prior_rate_per_s
+from investigations.scheduling.cadence import change_rate, planned_interval_s, prior_rate_per_s
 from investigations.scheduling.cost import (
     Usage,
     evidence_cost_usd,
@@ -67,7 +67,7 @@ from investigations.scheduling.cost import (
 from investigations.sources.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore, utcnow
 from investigations.store import schema as s
-from investigations.store.visits import decode_visits
+from investigations.store.visits import decode_visits, stored_plan
 
 DEFAULT_WINDOW_S = 900.0
 # Per identity, the failures shown by `investigations identities` are counted over this long.
@@ -628,7 +628,7 @@ def _learned_cadence(store: StateStore, spec: SourceSpec, leads: Sequence[Row[An
     records within its own interval plus its grace, or within `recrawl.max` when the plan leaves it out."""
     stored = leads[0] if leads and leads[0].planned_at is not None else None
     if stored is not None:
-        plan = SourcePlan(math.inf if stored.scale is None else stored.scale, bool(stored.short))
+        plan = stored_plan(stored)
         intervals = {row.lead_id: planned_interval_s(spec, rate_per_s=_rate_per_s(spec, row), open_case=True,
                                                      plan=plan) for row in leads if row.planned}
     else:

@@ -127,8 +127,7 @@ class VisitTables(Tables):
             row = conn.execute(_planned_lead_query(), {"source": source, "lead_id": lead_id}).first()
         if row is None:
             return None
-        plan = None if row.planned_at is None else SourcePlan(math.inf if row.scale is None else row.scale,
-                                                              bool(row.short))
+        plan = None if row.planned_at is None else stored_plan(row)
         return PlannedLead(_monitored(row, prior_s), in_case=bool(row.in_case), dead_letter=bool(row.dead),
                            outcome=row.outcome, records=row.records, plan=plan)
 
@@ -144,7 +143,7 @@ class VisitTables(Tables):
         t = s.cadence_plans
         with self.reading() as conn:
             row = conn.execute(select(t.c.scale, t.c.short).where(t.c.source == source)).first()
-        return None if row is None else SourcePlan(math.inf if row.scale is None else row.scale, bool(row.short))
+        return None if row is None else stored_plan(row)
 
     def keep_change_rates(self, source: str, rates: Mapping[str, float], *, prior_s: float) -> None:
         """Keep rates the planner estimated for a prior of `prior_s` seconds (its source's prior
@@ -156,6 +155,11 @@ class VisitTables(Tables):
                      .values(rate_per_s=bindparam("rate"), prior_s=prior_s))
         with self.engine.begin() as conn:
             conn.execute(statement, [{"lead": lead_id, "rate": rate} for lead_id, rate in rates.items()])
+
+
+def stored_plan(row: Any) -> SourcePlan:
+    """A source's plan from a row with its `cadence_plans` columns (`scale` None: inf, every lead at max)."""
+    return SourcePlan(math.inf if row.scale is None else row.scale, bool(row.short))
 
 
 def _monitored(row: Row[Any], prior_s: float, *, waiting: bool = False) -> MonitoredLead:
