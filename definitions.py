@@ -52,7 +52,8 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         asset_checks=[build_source_health_checks(catalog)],
         jobs=[*jobs, fleet_report_job, fleet_health_job, requeue_dead_letters_job],
         schedules=[build_source_health_schedule(catalog)],
-        sensors=[*build_new_lead_sensors(catalog, jobs), build_recurring_sensor(catalog, jobs, interval_s=settings.recurring_every_s), dead_letter_report,
+        sensors=[*build_new_lead_sensors(catalog, jobs, retire_after_s=settings.retire_after_s),
+                 build_recurring_sensor(catalog, jobs, interval_s=settings.recurring_every_s), dead_letter_report,
                  build_dead_runs_sensor(), fleet_health_every_minute, *alerts],
         resources=resources,
         # One lead per run does little work; the in-process executor halves each run's overhead.

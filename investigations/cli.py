@@ -369,7 +369,9 @@ def _leads_list(args: argparse.Namespace) -> int:
     for row in rows:
         collections = sorted(row["collections"].items()) or [(None, None)]
         for n, (source, coll) in enumerate(collections):
-            head = [row["lead_id"], row["kind"], row["value"], ", ".join(row["cases"]) or "-"] if n == 0 else [""] * 4
+            # A retired lead is no partition in Dagster's UI now; its history is all still here.
+            cases = (", ".join(row["cases"]) or "-") + (" (retired)" if row["retired_at"] else "")
+            head = [row["lead_id"], row["kind"], row["value"], cases] if n == 0 else [""] * 4
             if coll is None:
                 table.add_row(*head, "-", "not collected", "", "")
                 continue

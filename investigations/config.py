@@ -20,6 +20,7 @@ DEFAULT_SANDBOX_PORT = 8800
 DEFAULT_UI_PORT = 3000
 DEFAULT_DIGEST_PERIOD_S = 86400.0
 DEFAULT_RECURRING_EVERY_S = 60.0
+DEFAULT_RETIRE_AFTER_S = 7 * 86400.0
 
 
 class ConfigError(ValueError):
@@ -62,6 +63,10 @@ class Settings:
     # How often the recurring planner looks for due leads (`INVESTIGATIONS_RECURRING_EVERY`: 1m, 10s):
     # a lead is collected again at most this late after its cadence came round.
     recurring_every_s: float = DEFAULT_RECURRING_EVERY_S
+    # How long a lead that no case holds (registered for a backfill, say) stays one of Dagster's
+    # partitions after it was last registered or collected (`INVESTIGATIONS_RETIRE_AFTER`: 7d, 12h).
+    # A case's leads retire a few minutes after the case closes, whatever this says.
+    retire_after_s: float = DEFAULT_RETIRE_AFTER_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -82,6 +87,7 @@ class Settings:
             ui_port=_port(env, "INVESTIGATIONS_UI_PORT", DEFAULT_UI_PORT),
             digest_period_s=_duration_s(env, "INVESTIGATIONS_DIGEST_PERIOD", DEFAULT_DIGEST_PERIOD_S),
             recurring_every_s=_duration_s(env, "INVESTIGATIONS_RECURRING_EVERY", DEFAULT_RECURRING_EVERY_S),
+            retire_after_s=_duration_s(env, "INVESTIGATIONS_RETIRE_AFTER", DEFAULT_RETIRE_AFTER_S),
         )
 
     @classmethod

@@ -12,6 +12,11 @@ Hooks (behaviour replaced):
 2. `read_migration_scripts_once`: alembic's `ScriptDirectory.from_config` keeps Dagster's script
    directories for the process. Gain: over half the code server's CPU on the product bench (about
    35 ms per sensor tick on SQLite, two ticks a second).
+3. `delete_partition_keys`: many keys of a dynamic partitions definition removed with the statement
+   of Dagster's `delete_dynamic_partition` (its `DynamicPartitionsTable`, over the event log's
+   `index_connection`), one statement per chunk of keys in one connection, instead of one
+   connection per key. Gain: removing 5,000 keys on SQLite, 14.3 s -> about 0.1 s (docs/design.md,
+   "A million leads").
 
 Private names imported for their types only (no behaviour replaced; Dagster exports no public name):
 `UnresolvedAssetJobDefinition` (what `define_asset_job` returns), `AssetCheckEvaluationTargetMaterializationData`
@@ -87,7 +92,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -102,18 +107,20 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.event_log.schema import DynamicPartitionsTable
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
     SqliteEventLogStorage,
 )
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, and_, create_engine, event
 
 __all__ = [
     "AssetCheckEvaluationTargetMaterializationData",
     "AssetCheckExecutionRecordStatus",
     "HeldShards",
     "UnresolvedAssetJobDefinition",
+    "delete_partition_keys",
     "hold_connections_for_the_run",
     "read_migration_scripts_once",
     "remember_asset_key_columns",
@@ -293,3 +300,27 @@ def _from_config(cls: type[ScriptDirectory], config: Config) -> ScriptDirectory:
             script.get_heads()  # the revision map is built here, under the lock, not by two threads at once
             _scripts[location] = script
         return script
+
+
+# -- 3. partition keys removed in bulk ------------------------------------------------------------
+
+DELETE_CHUNK = 500  # keys per DELETE: well under SQLite's bound variables
+
+
+def delete_partition_keys(instance: DagsterInstance, partitions_def_name: str, keys: Sequence[str]) -> None:
+    """Remove `keys` from a dynamic partitions definition (a key not there is skipped, as Dagster's
+    `delete_dynamic_partition` skips it). Dagster's method removes one key per connection and
+    transaction; this runs the same statement over a chunk of keys at a time, in one connection. Only
+    the partitions table is touched, as with Dagster's: materializations and check results stay in the
+    event log. A storage that is not Dagster's SQL event log gets Dagster's method, key by key."""
+    storage = instance.event_log_storage
+    if not isinstance(storage, SqlEventLogStorage):
+        for key in keys:
+            instance.delete_dynamic_partition(partitions_def_name, key)
+        return
+    with storage.index_connection() as conn:
+        for start in range(0, len(keys), DELETE_CHUNK):
+            conn.execute(DynamicPartitionsTable.delete().where(and_(
+                DynamicPartitionsTable.c.partitions_def_name == partitions_def_name,
+                DynamicPartitionsTable.c.partition.in_(list(keys[start:start + DELETE_CHUNK])),
+            )))

@@ -2,7 +2,8 @@
 
 Three steps per tick. Sync: every lead registered since the last tick (by the intake, the CLI, a
 case import) joins Dagster's `leads` partitions (`lead_partitions`), so background work batches from
-its first lead. Ingest: every inbox row after the cursor is queued once per wanted source in the
+its first lead; once a minute a lifecycle pass retires the leads no open case holds and brings back
+the ones a case took up again. Ingest: every inbox row after the cursor is queued once per wanted source in the
 fleet's own backlog (`collection_queue`). Dispatch: the engine's dispatcher
 (`investigations.scheduling.dispatch`) decides what each source hands over and why the rest waits; this module
 only turns its answer into run requests.
@@ -32,7 +33,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, Protocol
 
@@ -53,6 +54,7 @@ from assets.jobs import SourceJob
 from assets.naming import job_name
 from assets.partitions import LEADS_PARTITIONS, leads_partitions
 from investigations.collection.runwork import OPEN_BEFORE_START_S
+from investigations.config import DEFAULT_RETIRE_AFTER_S
 from investigations.intake.leads import Lead
 from investigations.pacing import Circuits
 from investigations.scheduling.dispatch import DispatchPlan, Handover, ingest, max_runtime_s, order_from, plan_dispatch
@@ -60,7 +62,14 @@ from investigations.scheduling.priority import BACKGROUND_TAG, CASE_TAG, HANDOVE
 from investigations.sources.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore
 from resources.fleet import FleetResource
-from sensors.lead_partitions import ensure_partitions, sync_lead_partitions
+from sensors.lead_partitions import (
+    LIFECYCLE_BATCH,
+    LIFECYCLE_BUDGET_S,
+    LIFECYCLE_EVERY_S,
+    ensure_partitions,
+    lifecycle_pass,
+    sync_lead_partitions,
+)
 from sensors.pools import sync_pool_limits
 
 NEW_LEAD_SENSOR = "new_leads"
@@ -192,19 +201,22 @@ def background_runs_of(instance: DagsterInstance) -> Callable[[str], int]:
     return count
 
 
-def read_cursor(cursor: str | None) -> tuple[int, datetime | None]:
-    """The inbox row last read and the lead-partition sync's watermark (older cursors: a bare row id)."""
+def read_cursor(cursor: str | None) -> tuple[int, datetime | None, float]:
+    """The inbox row last read, the lead-partition sync's watermark and when the last lifecycle pass
+    ran (epoch seconds; older cursors: a bare row id, or no pass)."""
     if not cursor:
-        return 0, None
+        return 0, None, 0.0
     if cursor.isdigit():
-        return int(cursor), None
+        return int(cursor), None, 0.0
     state = json.loads(cursor)
     since = state.get("leads_since")
-    return int(state.get("inbox", 0)), datetime.fromisoformat(since) if since else None
+    return (int(state.get("inbox", 0)), datetime.fromisoformat(since) if since else None,
+            float(state.get("lifecycle_at", 0.0)))
 
 
-def write_cursor(inbox: int, leads_since: datetime | None) -> str:
-    return json.dumps({"inbox": inbox, "leads_since": leads_since.isoformat() if leads_since else None})
+def write_cursor(inbox: int, leads_since: datetime | None, lifecycle_at: float = 0.0) -> str:
+    return json.dumps({"inbox": inbox, "leads_since": leads_since.isoformat() if leads_since else None,
+                       "lifecycle_at": lifecycle_at})
 
 
 def sensor_name(turn: int) -> str:
@@ -226,13 +238,15 @@ def build_new_lead_sensor(
     turns: int = 1,
     wait_for_leads_s: float = WAIT_FOR_LEADS_S,
     plan_every_s: float = PLAN_EVERY_S,
+    retire_after_s: float = DEFAULT_RETIRE_AFTER_S,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> SensorDefinition:
     """The sensor taking `turn` of `turns` at the inbox (turn 0: `new_leads`, which also hands over
-    background work); `wait_for_leads_s` is how long a tick with nothing to do waits for the inbox
-    (0: return at once), `plan_every_s` how often `new_leads` plans its backlog again meanwhile,
-    `clock` and `sleep` time that wait."""
+    background work and runs the partition lifecycle); `wait_for_leads_s` is how long a tick with
+    nothing to do waits for the inbox (0: return at once), `plan_every_s` how often `new_leads` plans
+    its backlog again meanwhile, `retire_after_s` how long a lead no case holds keeps its partition
+    once idle, `clock` and `sleep` time that wait."""
     primary = turn == 0
     if primary:
         description = (
@@ -254,13 +268,14 @@ def build_new_lead_sensor(
     def new_leads(context: SensorEvaluationContext, fleet: FleetResource) -> SensorResult | SkipReason:
         store = fleet.store
         deadline = clock() + wait_for_leads_s
-        cursor, leads_since = read_cursor(context.cursor)
+        cursor, leads_since, lifecycle_at = read_cursor(context.cursor)
         read = queued = 0
         run_requests: list[RunRequest] = []
         reasons: list[str] = []
         order = partition_order_of(context.instance)
         if primary:
             sync_pool_limits(context.instance, catalog)
+            lifecycle_at = run_lifecycle(context, store, last=lifecycle_at, retire_after_s=retire_after_s)
             awake = True
         else:
             # The inbox as it is now is new_leads' (its tick starts in the same loop, with a pass over
@@ -291,7 +306,7 @@ def build_new_lead_sensor(
                      or (primary and clock() < deadline))
         for reason in reasons:
             context.log.info(f"backpressure: {reason}")
-        new_cursor = write_cursor(cursor, leads_since)
+        new_cursor = write_cursor(cursor, leads_since, lifecycle_at)
         if not run_requests:
             why = "; ".join(reasons) or "nothing ready in the backlog"
             return SensorResult(skip_reason=f"{read} inbox row(s) read, no run requested: {why}",
@@ -306,6 +321,28 @@ def build_new_lead_sensor(
         )
 
     return new_leads
+
+
+def run_lifecycle(context: SensorEvaluationContext, store: StateStore, *, last: float,
+                  retire_after_s: float) -> float:
+    """A lifecycle pass over the `leads` partitions if the last one (epoch seconds) is a minute old;
+    return when the latest pass ran."""
+    now = time.time()
+    if now - last < LIFECYCLE_EVERY_S:
+        return last
+    retired = revived = 0
+    while True:
+        changes = lifecycle_pass(context.instance, store, retire_after=timedelta(seconds=retire_after_s),
+                                 batch=LIFECYCLE_BATCH)
+        retired, revived = retired + len(changes.retired), revived + len(changes.revived)
+        # A full pass leaves more behind (a big case closed, an upgrade): go on within the budget.
+        full = LIFECYCLE_BATCH in (len(changes.retired), len(changes.revived))
+        if not full or time.time() - now >= LIFECYCLE_BUDGET_S:
+            break
+    if retired or revived:
+        context.log.info(f"lead partitions: {retired} retired, {revived} brought back"
+                         + (" (more next tick)" if full else ""))
+    return 0.0 if full else now
 
 
 def has_turn(cursor: int, last: int, *, turn: int, turns: int) -> bool:

@@ -10,8 +10,9 @@ conventions, so rates, ratios and quantiles are Prometheus' to compute, over any
   dispatched rows once done, never changed again; see `stats.FleetTotals`);
 - a histogram of request latency in seconds (the fetch log's `latency_ms`);
 - gauges for states only: the queue, identities, circuits, dead letters, freshness, records held,
-  spend today, the budget, evidence kept, each source's health verdict, and each rate lane's
-  pacing (its configured rate, the rate it uses now and the ceiling it learned).
+  spend today, the budget, evidence kept, each source's health verdict, each rate lane's pacing (its
+  configured rate, the rate it uses now and the ceiling it learned), and the registered leads by
+  whether they are Dagster partitions now.
 
 The collector keeps one `stats.TotalsReader`, so a scrape reads only the rows written since the
 ones it already summed (the first scrape after a start reads the whole fetch log once).
@@ -93,6 +94,7 @@ class FleetCollector(Collector):
         yield _latency_histogram(totals, sources)
         yield from _state_gauges(figures, totals, now=now)
         yield from _pacing_gauges(lane_standings(self._store, self._catalog, now.timestamp()))
+        yield _lead_partitions(self._store.lead_partition_counts())
 
 
 def _ordered(first: Sequence[str], *more: Iterable[str]) -> list[str]:
@@ -254,6 +256,15 @@ def _pacing_gauges(lanes: Sequence[LaneStanding]) -> Iterator[Metric]:
         if lane.ceiling_per_s is not None:
             ceiling.add_metric(key, lane.ceiling_per_s)
     yield from (configured, in_use, ceiling)
+
+
+def _lead_partitions(counts: dict[str, int]) -> Metric:
+    family = GaugeMetricFamily(f"{PREFIX}leads", "registered leads by whether they are Dagster partitions now "
+                               "(active) or retired (no open case holds them; their history is kept)",
+                               labels=["partitions"])
+    for state in ("active", "retired"):
+        family.add_metric([state], counts.get(state, 0))
+    return family
 
 
 def fleet_registry(store: StateStore, catalog: SourceCatalog, *, window_s: float = DEFAULT_WINDOW_S,

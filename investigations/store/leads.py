@@ -8,13 +8,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import exists, func, or_, select, text, union
 
 from investigations.intake.leads import Lead
 from investigations.store import schema as s
 from investigations.store.sql import Tables, upsert, utcnow
 
 _INBOX_LOCK_KEY = 0x1B0C5  # serializes intake commits on Postgres so inbox ids follow commit order
+# The queue states of a collection still owed to its lead (the others: done).
+_OWED_STATES = ("queued", "dispatched")
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,8 @@ class LeadTables(Tables):
                 "kind": row["kind"],
                 "value": row["value"],
                 "cases": sorted(cases_of.get(row["lead_id"], [])),
+                # When it left Dagster's partitions (None: it is one); its history stays here.
+                "retired_at": row["retired_at"],
                 "collections": colls_of.get(row["lead_id"], {}),
             }
             for row in lead_rows
@@ -260,11 +264,102 @@ class LeadTables(Tables):
             return list(conn.scalars(query))
 
     def lead_ids_since(self, since: datetime | None) -> list[str]:
-        """The leads registered at or after `since` (every lead when None), oldest first: what the
-        Dagster layer adds to the `leads` partitions as leads join the fleet."""
-        query = select(s.leads.c.lead_id).order_by(s.leads.c.created_at, s.leads.c.lead_id)
+        """The active leads registered at or after `since` (every lead when None), oldest first: what
+        the Dagster layer adds to the `leads` partitions as leads join the fleet. Active: not retired,
+        and held by an open case, by no case at all, or owed a collection; a lead whose cases are all
+        closed already (registered into a case closed since) is left for the lifecycle to retire."""
+        leads, links, cases, queue = s.leads, s.case_leads, s.cases, s.collection_queue
+        open_cases = select(cases.c.case_id).where(cases.c.status == "active")
+        held = select(links.c.lead_id).where(links.c.case_id.in_(open_cases))
+        owed = select(queue.c.lead_id).where(queue.c.state.in_(_OWED_STATES))
+        in_a_case = exists().where(links.c.lead_id == leads.c.lead_id)
+        query = (select(leads.c.lead_id)
+                 .where(leads.c.retired_at.is_(None),
+                        or_(~in_a_case, leads.c.lead_id.in_(held), leads.c.lead_id.in_(owed)))
+                 .order_by(leads.c.created_at, leads.c.lead_id))
         if since is not None:
-            query = query.where(s.leads.c.created_at >= since)
-        with self.engine.begin() as conn:
+            query = query.where(leads.c.created_at >= since)
+        with self.reading() as conn:
             return list(conn.scalars(query))
+
+    # --- the partition lifecycle (sensors/lead_partitions.py) -------------------------------------
+
+    def leads_to_retire(self, *, settled_before: datetime, idle_before: datetime, limit: int) -> list[str]:
+        """Leads that may leave Dagster's partitions, at most `limit`.
+
+        Not retired yet, held by no open case, owed nothing (no queued or dispatched collection), and
+        untouched since `settled_before`: registered, collected and (for a case's lead) its cases
+        closed before it. A lead that no case ever held (registered for a backfill, say) also waits
+        until it has been neither registered nor collected since `idle_before`.
+        """
+        leads, links, cases = s.leads, s.case_leads, s.cases
+        queue, collections = s.collection_queue, s.collections
+        # Driven from the cases (few), each one's leads read by its key, never a scan of every link.
+        holding = select(cases.c.case_id).where(or_(cases.c.status == "active", cases.c.updated_at >= settled_before))
+        held = select(links.c.lead_id).where(links.c.case_id.in_(holding))
+        owed = select(queue.c.lead_id).where(queue.c.state.in_(_OWED_STATES))
+        collected = select(collections.c.lead_id).where(collections.c.last_attempt_at >= settled_before)
+        idle = select(collections.c.lead_id).where(collections.c.last_attempt_at >= idle_before)
+        in_a_case = exists().where(links.c.lead_id == leads.c.lead_id)
+        query = (
+            select(leads.c.lead_id)
+            .where(
+                leads.c.retired_at.is_(None),
+                leads.c.created_at < settled_before,
+                leads.c.lead_id.not_in(held),
+                leads.c.lead_id.not_in(owed),
+                leads.c.lead_id.not_in(collected),
+                or_(in_a_case, (leads.c.created_at < idle_before) & leads.c.lead_id.not_in(idle)),
+            )
+            .limit(limit)  # in no order: a sort would read every candidate before the first
+        )
+        with self.reading() as conn:
+            return list(conn.scalars(query))
+
+    def leads_to_revive(self, *, limit: int) -> list[str]:
+        """Retired leads that belong in Dagster's partitions again, at most `limit`: an open case holds
+        them (a case re-opened, or a new one took them up) or a collection is owed to them (a backfill
+        or a requeued dead letter). Read from the open cases and the owed work, not every retired lead."""
+        leads, links, cases, queue = s.leads, s.case_leads, s.cases, s.collection_queue
+        open_cases = select(cases.c.case_id).where(cases.c.status == "active")
+        by_case = (select(links.c.lead_id)
+                   .join(leads, leads.c.lead_id == links.c.lead_id)
+                   .where(links.c.case_id.in_(open_cases), leads.c.retired_at.is_not(None)))
+        by_work = (select(queue.c.lead_id)
+                   .join(leads, leads.c.lead_id == queue.c.lead_id)
+                   .where(queue.c.state.in_(_OWED_STATES), leads.c.retired_at.is_not(None)))
+        query = union(by_case, by_work).limit(limit)
+        with self.reading() as conn:
+            return list(conn.scalars(query))
+
+    def mark_retired(self, lead_ids: Sequence[str], *, now: datetime | None = None) -> None:
+        """Record that these leads left Dagster's partitions (the caller removed them first)."""
+        self._set_retired(lead_ids, now or utcnow())
+
+    def mark_active(self, lead_ids: Sequence[str]) -> None:
+        """Record that these leads are Dagster partitions again (the caller added them first)."""
+        self._set_retired(lead_ids, None)
+
+    def _set_retired(self, lead_ids: Sequence[str], retired_at: datetime | None) -> None:
+        with self.engine.begin() as conn:
+            for start in range(0, len(lead_ids), 500):
+                conn.execute(s.leads.update().where(s.leads.c.lead_id.in_(list(lead_ids[start:start + 500])))
+                             .values(retired_at=retired_at))
+
+    def retired_lead_ids(self, lead_ids: Sequence[str]) -> set[str]:
+        """Which of `lead_ids` are retired (not Dagster partitions now)."""
+        found: set[str] = set()
+        with self.reading() as conn:
+            for start in range(0, len(lead_ids), 500):
+                found.update(conn.scalars(select(s.leads.c.lead_id).where(
+                    s.leads.c.lead_id.in_(list(lead_ids[start:start + 500])), s.leads.c.retired_at.is_not(None))))
+        return found
+
+    def lead_partition_counts(self) -> dict[str, int]:
+        """How many registered leads are Dagster partitions (`active`) and how many are `retired`."""
+        with self.reading() as conn:
+            total = conn.execute(select(func.count()).select_from(s.leads)).scalar() or 0
+            retired = conn.execute(select(func.count()).select_from(s.leads)
+                                   .where(s.leads.c.retired_at.is_not(None))).scalar() or 0
+        return {"active": total - retired, "retired": retired}
 

@@ -87,10 +87,22 @@ _COLLECTIONS_V1 = Table(
 )
 
 
+# `leads` as version 1 created it (version 13 added `retired_at`).
+_LEADS_V1 = Table(
+    "leads",
+    MetaData(),
+    Column("lead_id", String(64), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("value", Text, nullable=False),
+    Column("created_at", s.UTCDateTime, nullable=False),
+)
+
+
 def _create_base(conn: Connection, _schema: str | None) -> None:
     s.metadata.create_all(
-        conn, tables=[s.schema_version, s.cases, s.leads, s.case_leads, s.inbox, s.fetch_log, s.dead_letters]
+        conn, tables=[s.schema_version, s.cases, s.case_leads, s.inbox, s.fetch_log, s.dead_letters]
     )
+    _LEADS_V1.create(conn)
     _COLLECTIONS_V1.create(conn)
 
 
@@ -171,6 +183,19 @@ def _add_cadence_plans(conn: Connection, _schema: str | None) -> None:
     s.metadata.create_all(conn, tables=[s.cadence_plans])
 
 
+def _add_lead_retirement(conn: Connection, schema: str | None) -> None:
+    # Every lead registered before is one of Dagster's partitions, as it was: the new-lead sensor's
+    # next lifecycle pass retires those no open case holds, a bounded number per pass.
+    quote = conn.dialect.identifier_preparer.quote
+    leads, queue = _qualified(conn, "leads", schema), _qualified(conn, "collection_queue", schema)
+    collections = _qualified(conn, "collections", schema)
+    kind = "TIMESTAMP" if conn.dialect.name == "postgresql" else "DATETIME"
+    conn.execute(text(f"ALTER TABLE {leads} ADD COLUMN retired_at {kind}"))
+    conn.execute(text(f"CREATE INDEX {quote('ix_leads_retired_at')} ON {leads} (retired_at)"))
+    conn.execute(text(f"CREATE INDEX {quote('ix_queue_state_lead')} ON {queue} (state, lead_id)"))
+    conn.execute(text(f"CREATE INDEX {quote('ix_collections_last_attempt')} ON {collections} (last_attempt_at)"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     1: _create_base,
     2: _create_flow_control,
@@ -187,6 +212,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     10: _add_lead_visits,
     11: _index_queue_finished_at,
     12: _add_cadence_plans,
+    13: _add_lead_retirement,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -75,6 +75,11 @@ leads = Table(
     Column("kind", String(16), nullable=False),
     Column("value", Text, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
+    # Version 13: when the lead left Dagster's `leads` partitions (NULL: it is one). A lead retires
+    # once no open case holds it and nothing is owed to it; its history stays here and in the
+    # record store, and it comes back when a case takes it up again (sensors/lead_partitions.py).
+    Column("retired_at", UTCDateTime, nullable=True),
+    Index("ix_leads_retired_at", "retired_at"),
 )
 
 case_leads = Table(
@@ -140,6 +145,8 @@ collections = Table(
     # sorted); what the schema-drift check compares a new answer with. NULL: not known (older rows).
     Column("common_fields", Text, nullable=True),
     PrimaryKeyConstraint("source", "lead_id"),
+    # Version 13: the leads collected lately, which keep their partitions a while (see `leads.retired_at`).
+    Index("ix_collections_last_attempt", "last_attempt_at"),
 )
 
 dead_letters = Table(
@@ -225,6 +232,9 @@ collection_queue = Table(
     # Version 11: the window's finished rows (the fleet figures' recurring share), read every minute
     # and at every scrape: without it, a scan of every row the queue ever held.
     Index("ix_queue_finished_at", "finished_at"),
+    # Version 13: the leads something is still owed to (state queued or dispatched), which keep their
+    # partitions, read without a scan of every row the queue ever held.
+    Index("ix_queue_state_lead", "state", "lead_id"),
 )
 
 

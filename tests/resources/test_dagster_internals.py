@@ -28,9 +28,11 @@ from dagster import (
     build_resources,
     materialize,
 )
+from dagster._core.storage.event_log.schema import DynamicPartitionsTable
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._core.storage.sql import get_alembic_config
+from dagster_postgres.event_log import PostgresEventLogStorage
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -39,6 +41,7 @@ from resources.dagster_internals import (
     AssetCheckExecutionRecordStatus,
     HeldShards,
     UnresolvedAssetJobDefinition,
+    delete_partition_keys,
     hold_connections_for_the_run,
     read_migration_scripts_once,
     remember_asset_key_columns,
@@ -94,6 +97,17 @@ def test_hook_migration_scripts_finds_alembic_s_script_directory_builder() -> No
     location = get_alembic_config(sqlite_runs.__file__).get_alembic_option("script_location")
     assert location and location.startswith("dagster:"), \
         f"read_migration_scripts_once: Dagster's script location is {location!r}, not a dagster: resource"
+
+
+def test_hook_partition_keys_finds_the_statement_and_connection_dagster_deletes_a_key_with() -> None:
+    source = inspect.getsource(SqlEventLogStorage.delete_dynamic_partition)
+    assert "DynamicPartitionsTable.delete()" in source and "index_connection" in source, \
+        "delete_partition_keys: Dagster no longer deletes a partition key from DynamicPartitionsTable"
+    assert {"partitions_def_name", "partition"} <= set(DynamicPartitionsTable.c.keys()), \
+        "delete_partition_keys: DynamicPartitionsTable lost a column the hook filters on"
+    for storage in (SqliteEventLogStorage, PostgresEventLogStorage):
+        assert _parameters(storage.index_connection) == ["self"], \
+            f"delete_partition_keys: {storage.__name__}.index_connection changed"
 
 
 def test_the_private_types_are_still_where_they_are_imported_from() -> None:
@@ -326,3 +340,25 @@ def test_an_instance_opened_from_its_ref_still_reads_and_writes(tmp_path: Path) 
     for _ in range(2):
         with DagsterInstance.from_ref(ref) as again:
             assert again.get_dynamic_partitions("leads") == ["a"]
+
+
+def _keys_left_after_deleting(instance: DagsterInstance) -> tuple[list[str], list[str]]:
+    instance.add_dynamic_partitions("leads", [f"lead-{n}" for n in range(1_200)])
+    instance.add_dynamic_partitions("other", ["lead-1"])
+    delete_partition_keys(instance, "leads", [f"lead-{n}" for n in range(1, 1_200)] + ["never-added"])
+    return instance.get_dynamic_partitions("leads"), instance.get_dynamic_partitions("other")
+
+
+def test_partition_keys_are_deleted_in_bulk_on_sqlite_and_only_those_of_their_definition(sqlite_instance) -> None:
+    assert _keys_left_after_deleting(sqlite_instance) == (["lead-0"], ["lead-1"])
+
+
+@pytest.mark.postgres
+def test_partition_keys_are_deleted_in_bulk_on_postgres_and_only_those_of_their_definition(pg_instance) -> None:
+    instance, _ = pg_instance
+    assert _keys_left_after_deleting(instance) == (["lead-0"], ["lead-1"])
+
+
+def test_partition_keys_deleted_on_an_in_memory_instance_go_through_dagster_s_own_method() -> None:
+    with DagsterInstance.ephemeral() as instance:
+        assert _keys_left_after_deleting(instance) == (["lead-0"], ["lead-1"])

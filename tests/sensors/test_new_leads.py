@@ -31,6 +31,7 @@ from sensors.new_leads import (
     partition_order_of,
     read_cursor,
     run_requests_for,
+    write_cursor,
 )
 from tests.fakes import FakeTime
 
@@ -413,3 +414,41 @@ def test_a_fresh_lead_is_dispatched_even_when_background_work_is_in_flight(world
     (urgent,) = _accept(store, ["urgent.example"], webhook="urgent", sources=["robust"])
     (request,) = _evaluate(sensor, instance, cursor=first.cursor).run_requests
     assert request.partition_key == urgent.id
+
+
+def test_a_tick_retires_a_closed_case_s_leads_once_a_minute_and_syncs_only_active_ones(world) -> None:
+    _, store, sensor, instance = world
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    closed, kept = normalize_lead("domain", "closed.example"), normalize_lead("domain", "kept.example")
+    store.add_lead(closed, case_id="old", now=long_ago)
+    store.add_lead(kept, case_id="open", now=long_ago)
+    instance.add_dynamic_partitions("leads", [closed.id, kept.id])
+    store.set_case_status("old", "closed", now=long_ago)
+    first = _evaluate(sensor, instance)
+    assert instance.get_dynamic_partitions("leads") == [kept.id]
+    assert store.retired_lead_ids([closed.id]) == {closed.id}
+    store.set_case_status("old", "active")
+    _evaluate(sensor, instance, cursor=first.cursor)  # within the minute: no pass
+    assert instance.get_dynamic_partitions("leads") == [kept.id]
+    inbox, since, _ = read_cursor(first.cursor)
+    _evaluate(sensor, instance, cursor=write_cursor(inbox, since, lifecycle_at=0.0))  # a minute on
+    assert sorted(instance.get_dynamic_partitions("leads")) == sorted([closed.id, kept.id])
+
+
+def test_a_full_lifecycle_pass_goes_on_within_its_budget_then_at_the_next_tick(world, monkeypatch) -> None:
+    _, store, sensor, instance = world
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    leads = [normalize_lead("domain", f"closed{n}.example") for n in range(3)]
+    store.add_leads(leads, case_id="old", now=long_ago)
+    instance.add_dynamic_partitions("leads", [lead.id for lead in leads])
+    store.set_case_status("old", "closed", now=long_ago)
+    monkeypatch.setattr("sensors.new_leads.LIFECYCLE_BATCH", 1)
+    monkeypatch.setattr("sensors.new_leads.LIFECYCLE_BUDGET_S", 0.0)  # one pass per tick
+    first = _evaluate(sensor, instance)
+    assert len(instance.get_dynamic_partitions("leads")) == 2
+    assert read_cursor(first.cursor)[2] == 0.0  # the next tick passes again, not a minute later
+    _evaluate(sensor, instance, cursor=first.cursor)
+    assert len(instance.get_dynamic_partitions("leads")) == 1
+    monkeypatch.setattr("sensors.new_leads.LIFECYCLE_BUDGET_S", 60.0)
+    last = _evaluate(sensor, instance, cursor=first.cursor)
+    assert instance.get_dynamic_partitions("leads") == [] and read_cursor(last.cursor)[2] > 0

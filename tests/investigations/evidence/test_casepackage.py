@@ -74,6 +74,25 @@ def test_export_then_verify_passes(collected: Settings, tmp_path: Path, capsys) 
     assert "all match" in capsys.readouterr().out
 
 
+def test_a_closed_case_whose_leads_retired_still_exports_and_lists_its_records(
+    collected: Settings, tmp_path: Path, capsys
+) -> None:
+    store = StateStore.from_url(collected.database_url)
+    store.set_case_status("case-1", "closed")
+    store.mark_retired([EXAMPLE.id, ALICE.id])  # no longer Dagster partitions
+    store.close()
+    out = export(tmp_path, capsys)
+    assert sorted(p for p in (r["path"] for r in manifest(out)["resources"]) if p.endswith(".parquet")) == sorted(
+        [f"records/robust/{EXAMPLE.id}.parquet", f"records/robust/{ALICE.id}.parquet"])
+    assert main(["verify", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["records", "--lead", "domain:example.com"]) == 0
+    assert "no records" not in capsys.readouterr().out
+    assert main(["leads", "list"]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if EXAMPLE.id in line]
+    assert "case-1 (retired)" in row
+
+
 def test_verify_fails_after_one_byte_of_a_warc_file_changes(collected: Settings, tmp_path: Path, capsys) -> None:
     out = export(tmp_path, capsys)
     warc = next(r["path"] for r in manifest(out)["resources"] if r["path"].endswith(".warc.gz"))

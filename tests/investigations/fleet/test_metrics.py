@@ -73,6 +73,7 @@ GAUGES = {
     "investigations_pacing_configured_rate_per_second": ["identity", "source"],
     "investigations_pacing_rate_per_second": ["identity", "source"],
     "investigations_pacing_ceiling_rate_per_second": ["identity", "source"],
+    "investigations_leads": ["partitions"],
 }
 HISTOGRAMS = {"investigations_request_duration_seconds": ["le", "source"]}
 
@@ -385,3 +386,11 @@ def test_every_metric_a_dashboard_panel_uses_is_scraped(store: StateStore) -> No
     for title, fragment in wanted.items():
         assert any(fragment in expr for expr in expressions[title]), title
     pool.close()
+
+
+def test_the_leads_gauge_counts_active_and_retired_leads(sqlite_store: StateStore) -> None:
+    leads = [normalize_lead("domain", f"lead{n}.example") for n in range(3)]
+    sqlite_store.add_leads(leads, case_id="case-1")
+    sqlite_store.mark_retired([leads[0].id])
+    samples = families(fleet_registry(sqlite_store, CATALOG))["investigations_leads"].samples
+    assert {sample.labels["partitions"]: sample.value for sample in samples} == {"active": 2.0, "retired": 1.0}

@@ -21,7 +21,7 @@ from investigations.sources.specs import ThrottleSpec, parse_sources
 from investigations.store import StateStore
 from investigations.store import schema as s
 from investigations.store.engine import make_engine
-from investigations.store.migrations import migrate
+from investigations.store.migrations import _LEADS_V1, migrate
 
 V5_AT = datetime(2026, 12, 1, tzinfo=UTC)
 FRAGILE = LaneSpec("source:fragile", rate_per_s=1.0, burst=1)
@@ -276,3 +276,23 @@ sources:
     plan_recurring(store, catalog, now=V5_AT)
     assert store.cadence_plan("learned") is not None
 
+
+
+def test_a_version_12_database_migrates_with_every_lead_still_a_partition(
+    engine: Engine, database: tuple[str, str | None]
+) -> None:
+    _, schema = database
+    assert migrate(engine, schema=schema, version=12) == 12
+    with engine.begin() as conn:
+        conn.execute(_LEADS_V1.insert().values(lead_id="domain-1", kind="domain", value="one.example",
+                                               created_at=V5_AT))
+    store = StateStore(engine, schema=schema)
+    assert versions(engine) == list(range(1, s.SCHEMA_VERSION + 1))
+    with engine.connect() as conn:
+        columns = [(c["name"], c["nullable"]) for c in inspect(conn).get_columns("leads", schema=schema)]
+        indexes = {index["name"] for table in ("leads", "collection_queue", "collections")
+                   for index in inspect(conn).get_indexes(table, schema=schema)}
+    assert columns == [(c.name, c.nullable) for c in s.leads.columns]
+    assert {"ix_leads_retired_at", "ix_queue_state_lead", "ix_collections_last_attempt"} <= indexes
+    assert store.lead_partition_counts() == {"active": 1, "retired": 0}
+    assert store.lead_ids_since(None) == ["domain-1"]

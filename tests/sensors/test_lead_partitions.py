@@ -1,0 +1,118 @@
+"""The `leads` partitions hold the active leads only: a closed case's leads retire, keeping their
+history in Dagster's event log and the fleet's stores, and come back when the case re-opens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, asset, materialize
+from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
+
+from assets.partitions import LEADS_PARTITIONS, leads_partitions
+from investigations.intake.leads import normalize_lead
+from investigations.store import StateStore, utcnow
+from sensors.lead_partitions import SETTLE, add_partitions, lifecycle_pass, sync_lead_partitions
+
+A, B, C = (normalize_lead("domain", f"{name}.example") for name in ("a", "b", "c"))
+RETIRE_AFTER = timedelta(days=7)
+
+
+@asset(partitions_def=leads_partitions)
+def probe() -> int:
+    return 1
+
+
+@pytest.fixture
+def instance(tmp_path: Path) -> Iterator[DagsterInstance]:
+    with DagsterInstance.local_temp(str(tmp_path)) as instance:
+        yield instance
+
+
+def keys(instance: DagsterInstance) -> list[str]:
+    return sorted(instance.get_dynamic_partitions(LEADS_PARTITIONS))
+
+
+def materialized(instance: DagsterInstance) -> list[str]:
+    """What the UI's partition status reads: the materialized partitions among the current keys."""
+    status = get_and_update_asset_status_cache_value(instance, AssetKey("probe"), leads_partitions)
+    assert status is not None
+    return sorted(status.deserialize_materialized_partition_subsets(leads_partitions).get_partition_keys())
+
+
+def settled() -> timedelta:
+    return SETTLE + timedelta(minutes=1)
+
+
+def test_a_closed_case_s_leads_leave_the_partitions_and_keep_their_history(
+    instance: DagsterInstance, sqlite_store: StateStore
+) -> None:
+    sqlite_store.add_leads([A, B], case_id="closing")
+    sqlite_store.add_lead(C, case_id="open")
+    add_partitions(instance, [A.id, B.id, C.id])
+    materialize([probe], partition_key=A.id, instance=instance)
+    sqlite_store.set_case_status("closing", "closed")
+    now = utcnow() + settled()
+    result = lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=now)
+    assert sorted(result.retired) == sorted([A.id, B.id]) and result.revived == []
+    assert keys(instance) == [C.id]
+    assert sqlite_store.retired_lead_ids([A.id, B.id, C.id]) == {A.id, B.id}
+    # Dagster keeps the retired lead's materialization in its event log.
+    history = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("probe"),
+                                                                 asset_partitions=[A.id]), limit=10)
+    assert len(history.records) == 1
+    assert materialized(instance) == []
+    assert not lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=now).changed
+
+
+def test_a_re_opened_case_brings_its_leads_back_with_their_history(
+    instance: DagsterInstance, sqlite_store: StateStore
+) -> None:
+    sqlite_store.add_leads([A, B], case_id="case-1")
+    add_partitions(instance, [A.id, B.id])
+    materialize([probe], partition_key=A.id, instance=instance)
+    assert materialized(instance) == [A.id]
+    sqlite_store.set_case_status("case-1", "closed")
+    lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=utcnow() + settled())
+    assert keys(instance) == [] and materialized(instance) == []
+    sqlite_store.set_case_status("case-1", "active")
+    result = lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER)
+    assert sorted(result.revived) == sorted([A.id, B.id]) and result.retired == []
+    assert keys(instance) == sorted([A.id, B.id])
+    assert materialized(instance) == [A.id]
+    assert sqlite_store.lead_partition_counts() == {"active": 2, "retired": 0}
+
+
+def test_a_pass_cut_short_after_dagster_changed_is_finished_by_the_next(
+    instance: DagsterInstance, sqlite_store: StateStore
+) -> None:
+    sqlite_store.add_lead(A, case_id="case-1")
+    add_partitions(instance, [A.id])
+    sqlite_store.set_case_status("case-1", "closed")
+    instance.delete_dynamic_partition(LEADS_PARTITIONS, A.id)  # removed, but the store not told yet
+    result = lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=utcnow() + settled())
+    assert result.retired == [A.id] and sqlite_store.retired_lead_ids([A.id]) == {A.id}
+
+
+def test_the_sync_adds_neither_a_retired_lead_nor_one_whose_cases_are_closed(
+    instance: DagsterInstance, sqlite_store: StateStore
+) -> None:
+    sqlite_store.add_leads([A, B], case_id="case-1")
+    sqlite_store.add_lead(C, case_id="closed")
+    sqlite_store.set_case_status("closed", "closed")
+    sqlite_store.mark_retired([A.id])
+    read, _ = sync_lead_partitions(instance, sqlite_store, since=None)
+    assert read == 1 and keys(instance) == [B.id]
+
+
+def test_a_pass_retires_at_most_its_batch(instance: DagsterInstance, sqlite_store: StateStore) -> None:
+    sqlite_store.add_leads([A, B, C], case_id="case-1")
+    add_partitions(instance, [A.id, B.id, C.id])
+    sqlite_store.set_case_status("case-1", "closed")
+    now = utcnow() + settled()
+    assert len(lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=now, batch=2).retired) == 2
+    assert len(keys(instance)) == 1
+    assert len(lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=now, batch=2).retired) == 1
+    assert keys(instance) == []
