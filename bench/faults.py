@@ -24,6 +24,12 @@ While they are collected, processes are killed with SIGKILL:
   through crash recovery. While it is down the intake cannot store a delivery and the case system's
   redelivery (the sender sends again until it gets a 202) has to bring it in.
 
+`--soak` is the long run (`make soak`): Postgres only, 10,000 leads, the database server crashed and
+restarted twice (`--pg-restarts`), the daemon killed three times (`--daemon-kills`), and two more
+figures judged: every process reconnects within `RECONNECT_GOAL_S` of Postgres' return (the
+intake's `/healthz` answers, a sensor tick starts and succeeds, a run starts), and the resident
+memory of each long-lived process (daemon, intake) grows by less than `RSS_GOAL` after its warm-up.
+
 Then the suite waits until every accepted collection is settled (collected or dead-lettered) and
 reports, per backend: leads lost (accepted, neither collected nor dead-lettered), duplicates (a
 Parquet file with a record key twice, a lead's file seen with two different contents), files whose
@@ -35,6 +41,7 @@ handover under a new run key). A window without such evidence fails the suite, s
 by killing nothing.
 
     python -m bench.faults [--leads 300] [--kills 12] [--backend sqlite|postgres|both]
+    python -m bench.faults --soak [--leads 10000]
 """
 
 from __future__ import annotations
@@ -88,6 +95,14 @@ START_TIMEOUT_S = 120.0
 DRAIN_S = 60.0  # after every lead settled, runs still going get this long to end before they count as stuck
 RUN_FLIGHT = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
 PID_RE = re.compile(r"Started process for run \(pid: (\d+)\)")
+# Soak goals: every process back within this long of Postgres' return; resident memory of a
+# long-lived process grows by less than this share from its warm-up to its last sample.
+RECONNECT_GOAL_S = 10.0
+RSS_GOAL = 0.10
+RSS_WARMUP_S = 180.0  # a process's memory is judged from this long after it started
+RSS_MIN_JUDGED_S = 600.0  # ... and only if it then lived at least this long (a killed daemon may not)
+RSS_EVERY_S = 5.0
+SOAK = {"backend": "postgres", "leads": 10_000, "kills": 60, "pg_restarts": 2, "daemon_kills": 3}
 
 
 # -- processes -----------------------------------------------------------------------------------
@@ -349,6 +364,72 @@ class FileWatch(threading.Thread):
 # -- the run -------------------------------------------------------------------------------------
 
 
+def rss_bytes(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def started_at(pid: int) -> float | None:
+    """When a process started (epoch seconds), from /proc."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+class RssSampler(threading.Thread):
+    """The resident memory of each long-lived process of the fleet, every RSS_EVERY_S: per role
+    (daemon, code server, intake), per process (a restarted one is a new process)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        super().__init__(daemon=True)
+        self.fleet = fleet
+        self.stopping = threading.Event()
+        self.samples: dict[tuple[str, int], list[tuple[float, int]]] = {}
+        self.born: dict[tuple[str, int], float] = {}
+
+    def run(self) -> None:
+        while not self.stopping.wait(RSS_EVERY_S):
+            roles = [("daemon", p.pid) for name, p in list(self.fleet.procs.items()) if name == "daemon"]
+            roles += [("intake", p.pid) for name, p in list(self.fleet.procs.items()) if name == "intake"]
+            roles += [("code_server", pid) for pid in code_servers(self.fleet)]
+            now = time.time()
+            for key in roles:
+                rss = rss_bytes(key[1])
+                if rss is None:
+                    continue
+                if key not in self.born:
+                    self.born[key] = started_at(key[1]) or now
+                self.samples.setdefault(key, []).append((now, rss))
+
+    def figures(self) -> dict[str, Any]:
+        """Per role: each process's memory after its warm-up and at its last sample, and the largest
+        growth among those that lived long enough after it to be judged."""
+        out: dict[str, Any] = {}
+        for (role, pid), samples in sorted(self.samples.items()):
+            born = self.born[(role, pid)]
+            warm = [(at, rss) for at, rss in samples if at - born >= RSS_WARMUP_S]
+            entry = out.setdefault(role, {"processes": [], "judged": 0, "max_growth": None})
+            row: dict[str, Any] = {"pid": pid, "lived_s": round(samples[-1][0] - born), "samples": len(samples),
+                                   "peak_mb": round(max(rss for _, rss in samples) / 2**20, 1)}
+            if warm and warm[-1][0] - warm[0][0] >= RSS_MIN_JUDGED_S:
+                growth = warm[-1][1] / warm[0][1] - 1
+                row.update(warm_mb=round(warm[0][1] / 2**20, 1), last_mb=round(warm[-1][1] / 2**20, 1),
+                           growth=round(growth, 4))
+                entry["judged"] += 1
+                entry["max_growth"] = growth if entry["max_growth"] is None else max(entry["max_growth"], growth)
+            entry["processes"].append(row)
+        return out
+
+
 @dataclass
 class RunView:
     run_id: str
@@ -465,13 +546,25 @@ class Injector:
 
     def postgres_outage(self, outage_s: float) -> dict[str, Any]:
         """Crash the fleet's Postgres (every connection cut, no checkpoint), keep it down `outage_s`,
-        start it again (through crash recovery)."""
+        start it again (through crash recovery), and time the intake's way back: its `/healthz`
+        answers 200 only once it reaches the state store again."""
         assert self.fleet.pg is not None
         self.fleet.pg.crash()
         at = time.time()
         time.sleep(outage_s)
         self.fleet.pg.start()
-        event = {"what": "postgres", "at": at, "down_s": round(outage_s, 1), "restarted_at": time.time()}
+        back = time.time()
+        event: dict[str, Any] = {"what": "postgres", "at": at, "down_s": round(outage_s, 1), "restarted_at": back}
+        deadline = back + 120.0
+        with httpx.Client(trust_env=False, timeout=2) as client:
+            while time.time() < deadline:
+                try:
+                    if client.get(f"{self.fleet.intake_url}/healthz").status_code == 200:
+                        event["intake_back_after_s"] = round(time.time() - back, 2)
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
         self.process_kills.append(event)
         return event
 
@@ -551,6 +644,7 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
     expected = {(d.source, normalize_lead("domain", v).id) for d in deliveries for v in d.values}
     interval_s = args.send_s / max(1, len(deliveries))
     watch = FileWatch(fleet.data_dir / "records")
+    rss = RssSampler(fleet)
     injector = Injector(fleet, instance, store, rng, lock)
     sender = Sender(fleet, deliveries, interval_s, lock)
     timeline: dict[str, float] = {}
@@ -562,26 +656,33 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
         wait_http(f"{fleet.intake_url}/healthz", timeout_s=60, procs=list(fleet.procs.values()))
         wait_daemon(instance, fleet, timeout_s=START_TIMEOUT_S)
         print(f"  [{backend}] fleet up; {len(deliveries)} deliveries ({len(expected)} collections) over "
-              f"{args.send_s:.0f} s, {args.kills} run worker kills, {intake_kills} intake kill(s), daemon and "
-              f"code server once (logs: {fleet.logs})", flush=True)
+              f"{args.send_s:.0f} s, {args.kills} run worker kills, {intake_kills} intake kill(s), daemon "
+              f"{args.daemon_kills}x, code server once"
+              + (f", Postgres {args.pg_restarts}x" if pg is not None else "") + f" (logs: {fleet.logs})", flush=True)
         timeline["start"] = time.time()
         watch.start()
+        rss.start()
         sender.start()
         kill_gap_s = args.send_s / max(1, args.kills)
         next_kill = time.time() + rng.uniform(0.3, 1.0) * kill_gap_s
-        daemon_at, postgres_at, code_server_at = 0.35 * len(deliveries), 0.5 * len(deliveries), 0.7 * len(deliveries)
+        # The daemon kills from 35 % of the sending on, the Postgres crashes from 50 %, the code
+        # server at 70 %; several of one kind are spread evenly over what is left.
+        daemon_due = spread(0.35, args.daemon_kills, len(deliveries))
+        postgres_due = spread(0.5, args.pg_restarts if pg is not None else 0, len(deliveries))
+        code_server_at = 0.7 * len(deliveries)
         windows = [WINDOWS[n % len(WINDOWS)] for n in range(args.kills)]
         rng.shuffle(windows)
         give_up = time.time() + args.send_s + args.kill_grace_s
         next_check = 0.0
-        while (windows or sender.is_alive() or "daemon" not in timeline or "code_server" not in timeline
-               or (pg is not None and "postgres" not in timeline)):
-            if "daemon" not in timeline and sender.sent >= daemon_at:
-                timeline["daemon"] = time.time()
+        while windows or sender.is_alive() or daemon_due or postgres_due or "code_server" not in timeline:
+            if daemon_due and sender.sent >= daemon_due[0]:
+                daemon_due.pop(0)
+                timeline.setdefault("daemon", time.time())
                 print(f"  [{backend}] kill -9 daemon: {injector.kill_daemon()}", flush=True)
                 wait_daemon(instance, fleet, timeout_s=START_TIMEOUT_S)
-            if pg is not None and "postgres" not in timeline and "daemon" in timeline and sender.sent >= postgres_at:
-                timeline["postgres"] = time.time()
+            if postgres_due and "daemon" in timeline and sender.sent >= postgres_due[0]:
+                postgres_due.pop(0)
+                timeline.setdefault("postgres", time.time())
                 print(f"  [{backend}] Postgres crashed (pg_ctl -m immediate) and started again: "
                       f"{injector.postgres_outage(args.pg_outage_s)}", flush=True)
             if "code_server" not in timeline and "daemon" in timeline and sender.sent >= code_server_at:
@@ -634,6 +735,7 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
         timeline["end"] = time.time()
     finally:
         watch.stopping.set()
+        rss.stopping.set()
         with lock:
             for name in ("daemon", "intake"):
                 proc = fleet.procs.pop(name, None)
@@ -647,6 +749,7 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
         print(f"  [{backend}] fleet stopped; undisturbed pass and figures", flush=True)
         reference = reference_pass(fleet, store, expected)
         figures = analyse(fleet, instance, store, deliveries, expected, injector, sender, watch, reference, timeline)
+        figures["rss"] = rss.figures()
     finally:
         fleet.stop()
         store.close()
@@ -659,8 +762,15 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
     figures["config"] = {"backend": backend, "leads": args.leads, "deliveries": len(deliveries),
                          "collections": len(expected), "backfill_leads": backfill_leads,
                          "interactive_leads": len(expected) - backfill_leads, "run_worker_kills": args.kills,
-                         "intake_kills": intake_kills, "send_s": args.send_s}
+                         "intake_kills": intake_kills, "send_s": args.send_s, "daemon_kills": args.daemon_kills,
+                         "pg_restarts": args.pg_restarts if pg is not None else 0, "soak": args.soak}
+    figures["verdict"] = verdict(figures, postgres=pg is not None, soak=args.soak)
     return figures
+
+
+def spread(start: float, count: int, deliveries: int) -> list[float]:
+    """`count` points (in deliveries sent) from `start` of the sending on, evenly over what is left."""
+    return [deliveries * (start + (1 - start) * n / count) for n in range(count)] if count > 0 else []
 
 
 def _runs_in_flight(instance: Any) -> int:
@@ -807,14 +917,21 @@ def analyse(fleet: Fleet, instance: Any, store: Any, deliveries: list[Delivery],
                           "run_keys_after": sorted({r.tags.get("dagster/run_key", "") for r in retries + others})})
     daemon = next((k for k in injector.process_kills if k["what"] == "daemon"), None)
     code_server = next((k for k in injector.process_kills if k["what"] == "code_server"), None)
-    postgres = next((k for k in injector.process_kills if k["what"] == "postgres"), None)
+    postgres_outages = [k for k in injector.process_kills if k["what"] == "postgres"]
+    postgres = postgres_outages[0] if postgres_outages else None
     started_after = lambda at: sum(1 for start, _ in times.values() if start and start > at)  # noqa: E731
     if daemon:
         daemon["runs_started_after_restart"] = started_after(daemon["restarted_at"])
     if code_server:
         code_server["runs_started_after"] = started_after(code_server["at"])
-    if postgres:
-        postgres["runs_started_after_restart"] = started_after(postgres["restarted_at"])
+    ticks = sensor_ticks(instance)
+    for outage in postgres_outages:
+        back = outage["restarted_at"]
+        outage["runs_started_after_restart"] = started_after(back)
+        first_run = min((start for start, _ in times.values() if start and start > back), default=None)
+        outage["first_run_started_after_s"] = round(first_run - back, 2) if first_run else None
+        first_tick = min((tick_start for tick_start, ok in ticks if ok and tick_start > back), default=None)
+        outage["first_sensor_tick_after_s"] = round(first_tick - back, 2) if first_tick else None
     redelivered_ok = sum(1 for k in sender.intake_kills if k["status"] == 202 and not k["accepted"]
                          and len(k["duplicates"]) == k["leads"])
     recover_s = (timeline["settled"] - timeline["last_kill"]) if "settled" in timeline else None
@@ -851,18 +968,30 @@ def analyse(fleet: Fleet, instance: Any, store: Any, deliveries: list[Delivery],
         "daemon_kill": daemon,
         "code_server_kill": code_server,
         "postgres_outage": postgres,
+        "postgres_outages": postgres_outages,
         "sender_error": sender.error,
         "timeline_s": {k: round(v - timeline["start"], 1) for k, v in timeline.items()},
     }
-    figures["verdict"] = verdict(figures, postgres=fleet.pg is not None)
     return figures
+
+
+def sensor_ticks(instance: Any) -> list[tuple[float, bool]]:
+    """Every sensor tick Dagster recorded: (when it started, whether it succeeded or skipped)."""
+    from dagster._core.definitions.run_request import InstigatorType
+    from dagster._core.scheduler.instigation import TickStatus
+
+    out = []
+    for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
+        for tick in instance.get_ticks(state.instigator_origin_id, state.selector_id):
+            out.append((tick.timestamp, tick.status in (TickStatus.SUCCESS, TickStatus.SKIPPED)))
+    return out
 
 
 def _started(times: dict[str, tuple[float | None, float | None]], run: Any) -> float:
     return times.get(run.run_id, (None, None))[0] or 0.0
 
 
-def verdict(f: dict[str, Any], *, postgres: bool = False) -> dict[str, Any]:
+def verdict(f: dict[str, Any], *, postgres: bool = False, soak: bool = False) -> dict[str, Any]:
     checks = {
         "0 lost": f["lost"] == 0,
         "0 duplicated": f["duplicates"] == 0,
@@ -881,6 +1010,17 @@ def verdict(f: dict[str, Any], *, postgres: bool = False) -> dict[str, Any]:
             f["postgres_outage"].get("runs_started_after_restart", 0) > 0)
     for window in WINDOWS:
         checks[f"window {window}: a killed run recovered"] = f["evidence"][window].get("recovered", 0) > 0
+    if soak:
+        outages = f.get("postgres_outages") or []
+        checks["Postgres restarted as planned"] = len(outages) == f.get("config", {}).get("pg_restarts", len(outages))
+        for what in ("intake_back_after_s", "first_sensor_tick_after_s", "first_run_started_after_s"):
+            times = [outage.get(what) for outage in outages]
+            checks[f"after each Postgres return: {what.removesuffix('_s')} <= {RECONNECT_GOAL_S:g} s"] = bool(
+                outages) and all(t is not None and t <= RECONNECT_GOAL_S for t in times)
+        for role in ("daemon", "intake"):
+            entry = (f.get("rss") or {}).get(role) or {}
+            checks[f"{role}: memory grows < {RSS_GOAL:.0%} after warm-up"] = bool(entry.get("judged")) and (
+                entry["max_growth"] < RSS_GOAL)
     return {"passed": all(checks.values()), "checks": checks}
 
 
@@ -909,6 +1049,12 @@ def report(results: dict[str, Any]) -> None:
                  *(_cs(results["backends"][n]["code_server_kill"]) for n in names)])
     rows.append(["Postgres: down (s), runs started after",
                  *(_pg(results["backends"][n].get("postgres_outage")) for n in names)])
+    if results["config"].get("soak"):
+        rows.append(["Postgres returns: intake / sensor tick / run back after (s)",
+                     *(_back(results["backends"][n].get("postgres_outages") or []) for n in names)])
+        for role in ("daemon", "intake", "code_server"):
+            rows.append([f"{role}: memory growth after warm-up (max; processes judged)",
+                         *(_rss((results["backends"][n].get("rss") or {}).get(role)) for n in names)])
     rows.append(["verdict", *("PASS" if results["backends"][n]["verdict"]["passed"] else "FAIL" for n in names)])
     cfg = results["config"]
     print_table(f"Fault suite: {cfg['leads']} leads, {cfg['kills']} run worker kills + intake, daemon and code "
@@ -928,6 +1074,19 @@ def _pg(event: dict[str, Any] | None) -> str:
     return f"{event['down_s']:g}, {event.get('runs_started_after_restart', 0)}" if event else "-"
 
 
+def _back(outages: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{o.get('intake_back_after_s')} / {o.get('first_sensor_tick_after_s')} / "
+                     f"{o.get('first_run_started_after_s')}" for o in outages) or "-"
+
+
+def _rss(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "-"
+    growth = entry.get("max_growth")
+    return f"{growth:+.1%} ({entry['judged']} of {len(entry['processes'])})" if growth is not None else (
+        f"not judged (0 of {len(entry['processes'])} lived {RSS_WARMUP_S + RSS_MIN_JUDGED_S:.0f} s)")
+
+
 def _cs(event: dict[str, Any] | None) -> str:
     if not event:
         return "-"
@@ -936,9 +1095,16 @@ def _cs(event: dict[str, Any] | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--leads", type=int, default=2000, help="leads sent by webhook (default 2000)")
-    parser.add_argument("--kills", type=int, default=40, help="run worker kills (default 40), spread over the windows")
-    parser.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
+    parser.add_argument("--soak", action="store_true",
+                        help=f"the long run (`make soak`): defaults become {SOAK}, and reconnection and memory "
+                             "growth are judged too")
+    parser.add_argument("--leads", type=int, default=None, help="leads sent by webhook (default 2000)")
+    parser.add_argument("--kills", type=int, default=None,
+                        help="run worker kills (default 40), spread over the windows")
+    parser.add_argument("--backend", choices=["sqlite", "postgres", "both"], default=None, help="default both")
+    parser.add_argument("--daemon-kills", type=int, default=None, help="daemon kills (default 1)")
+    parser.add_argument("--pg-restarts", type=int, default=None,
+                        help="postgres backend: how many times its server crashes and starts again (default 1)")
     parser.add_argument("--interactive-share", type=float, default=0.25,
                         help="share of leads sent as interactive (default 0.25); the rest as backfill")
     parser.add_argument("--send-s", type=float, default=None,
@@ -954,6 +1120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--keep", action="store_true", help="keep temp dirs and Postgres databases")
     args = parser.parse_args(argv)
+    defaults = {"backend": "both", "leads": 2000, "kills": 40, "pg_restarts": 1, "daemon_kills": 1}
+    for name, value in {**defaults, **(SOAK if args.soak else {})}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.send_s is None:
         args.send_s = max(60.0, 1.2 * args.leads * args.interactive_share)
     if args.settle_timeout_s is None:
@@ -962,7 +1132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     results: dict[str, Any] = {"config": {"leads": args.leads, "kills": args.kills, "backends": backends,
                                           "interactive_share": args.interactive_share, "send_s": args.send_s,
-                                          "seed": args.seed},
+                                          "seed": args.seed, "soak": args.soak, "pg_restarts": args.pg_restarts,
+                                          "daemon_kills": args.daemon_kills},
                                "engine": engine_digest(), "host_before": host_load(),
                                "started_at": datetime.now(UTC).isoformat(), "backends": {}}
     workdir = Path(tempfile.mkdtemp(prefix="bench-faults-"))
@@ -974,7 +1145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["backends"][backend]["wall_s"] = round(time.time() - started, 1)
         results["host_after"] = host_load()
         report(results)
-        path = write_results(NAME, results, args.results_dir)
+        path = write_results("soak" if args.soak else NAME, results, args.results_dir)
         print(f"\nfigures: {path}")
     finally:
         if args.keep:
