@@ -74,9 +74,12 @@ from sensors.pools import sync_pool_limits
 
 NEW_LEAD_SENSOR = "new_leads"
 # Caps one tick's work: Dagster creates ~10 runs/s from one tick, and a tick has 60 s to finish. The
-# inbox rows of a tick are queued in one transaction and go out as few runs per source and case, so a
-# case of up to this many leads is handed over at once rather than over several sensor loops.
-MAX_INBOX_ROWS_PER_TICK = 1000
+# inbox is queued in transactions of up to INBOX_CHUNK rows, as many as INGEST_BUDGET_S allows (a
+# case of 10,000 leads over 10 sources is 100,000 collections, about 5 s on SQLite), so a big case is
+# in the fleet's queue at once, not over one sensor loop per 1,000 leads; what a tick hands to Dagster
+# is bounded apart, by MAX_RUNS_PER_TICK and each source's bounds.
+INBOX_CHUNK = 1000
+INGEST_BUDGET_S = 15.0
 MAX_RUNS_PER_TICK = 100
 # The daemon evaluates sensors in a loop of at least 5 s. Asking for 5 s aliases to every other loop
 # (10 s; measured: ticks 9.98 s apart at the median), because a loop starts a hair under 5 s after
@@ -287,18 +290,14 @@ def build_new_lead_sensor(
                 read_leads, leads_since = sync_lead_partitions(context.instance, store, since=leads_since)
                 if read_leads:
                     order.cache_clear()
-            items = store.inbox_after(cursor, limit=MAX_INBOX_ROWS_PER_TICK)
-            added, notes = ingest(store, items, catalog)
-            read, queued = read + len(items), queued + added
-            cursor = items[-1].id if items else cursor
-            for note in notes:
-                context.log.warning(note)
+            cursor, items, added, more = ingest_inbox(context, store, catalog, cursor, clock=clock)
+            read, queued = read + items, queued + added
             plan = plan_dispatch(store, catalog, max_runs=MAX_RUNS_PER_TICK, circuits=Circuits(store),
                                  order=lambda lead: order_from(order())(lead),
                                  background_runs=background_runs_of(context.instance), background=primary)
             run_requests, reasons = run_requests_for(store, context.instance, plan, order, catalog), plan.reasons
             # Nothing to hand over (another sensor took it, say): wait on, unless the inbox has more.
-            if run_requests or len(items) == MAX_INBOX_ROWS_PER_TICK:
+            if run_requests or more:
                 break
             # new_leads plans again at PLAN_EVERY_S whether or not a lead came; a relay only for one.
             plan_by = min(deadline, clock() + plan_every_s) if primary else deadline
@@ -321,6 +320,25 @@ def build_new_lead_sensor(
         )
 
     return new_leads
+
+
+def ingest_inbox(context: SensorEvaluationContext, store: StateStore, catalog: SourceCatalog, cursor: int, *,
+                 clock: Callable[[], float]) -> tuple[int, int, int, bool]:
+    """Queue the inbox after `cursor`, INBOX_CHUNK rows per transaction, for up to INGEST_BUDGET_S;
+    return the new cursor, the rows read, the collections queued and whether rows are left."""
+    read = added = 0
+    deadline = clock() + INGEST_BUDGET_S
+    while True:
+        items = store.inbox_after(cursor, limit=INBOX_CHUNK)
+        queued, notes = ingest(store, items, catalog)
+        read, added = read + len(items), added + queued
+        cursor = items[-1].id if items else cursor
+        for note in notes:
+            context.log.warning(note)
+        if len(items) < INBOX_CHUNK:
+            return cursor, read, added, False
+        if clock() >= deadline:
+            return cursor, read, added, True
 
 
 def run_lifecycle(context: SensorEvaluationContext, store: StateStore, *, last: float,

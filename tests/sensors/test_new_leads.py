@@ -452,3 +452,24 @@ def test_a_full_lifecycle_pass_goes_on_within_its_budget_then_at_the_next_tick(w
     monkeypatch.setattr("sensors.new_leads.LIFECYCLE_BUDGET_S", 60.0)
     last = _evaluate(sensor, instance, cursor=first.cursor)
     assert instance.get_dynamic_partitions("leads") == [] and read_cursor(last.cursor)[2] > 0
+
+
+def test_a_tick_queues_the_whole_inbox_in_chunks_within_its_budget(world, monkeypatch) -> None:
+    _, store, sensor, instance = world
+    monkeypatch.setattr("sensors.new_leads.INBOX_CHUNK", 2)
+    _accept(store, [f"big{n}.example" for n in range(5)], webhook="big", sources=["robust"])
+    result = _evaluate(sensor, instance)
+    assert read_cursor(result.cursor)[0] == store.last_inbox_id()
+    depths = store.queue_depths()["robust"]
+    assert depths["ready"] + depths["dispatched"] == 5
+
+
+def test_a_tick_out_of_ingest_budget_leaves_the_rest_of_the_inbox_for_the_next(world, monkeypatch) -> None:
+    _, store, sensor, instance = world
+    monkeypatch.setattr("sensors.new_leads.INBOX_CHUNK", 2)
+    monkeypatch.setattr("sensors.new_leads.INGEST_BUDGET_S", 0.0)
+    _accept(store, [f"big{n}.example" for n in range(5)], webhook="big", sources=["robust"])
+    first = _evaluate(sensor, instance)
+    assert read_cursor(first.cursor)[0] == store.inbox_after(0, limit=10)[1].id  # one chunk
+    second = _evaluate(sensor, instance, cursor=first.cursor)
+    assert read_cursor(second.cursor)[0] == store.inbox_after(0, limit=10)[3].id
