@@ -23,6 +23,7 @@ from sensors.dead_runs import build_dead_runs_sensor
 from sensors.digests import build_case_digest_sensor
 from sensors.fleet_health import fleet_health_every_minute
 from sensors.new_leads import build_new_lead_sensors
+from sensors.partition_status import build_partition_status_sensor
 from sensors.recurring import build_recurring_sensor
 
 # Set to post alerts to Slack (see sensors/alerts.py); unset, no alert sensor is defined.
@@ -54,7 +55,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         schedules=[build_source_health_schedule(catalog)],
         sensors=[*build_new_lead_sensors(catalog, jobs, retire_after_s=settings.retire_after_s),
                  build_recurring_sensor(catalog, jobs, interval_s=settings.recurring_every_s), dead_letter_report,
-                 build_dead_runs_sensor(), fleet_health_every_minute, *alerts],
+                 build_dead_runs_sensor(), fleet_health_every_minute, build_partition_status_sensor(catalog), *alerts],
         resources=resources,
         # One lead per run does little work; the in-process executor halves each run's overhead.
         executor=in_process_executor,

@@ -17,6 +17,13 @@ Hooks (behaviour replaced):
    `index_connection`), one statement per chunk of keys in one connection, instead of one
    connection per key. Gain: removing 5,000 keys on SQLite, 14.3 s -> about 0.1 s (docs/design.md,
    "A million leads").
+4. `warm_partition_status`: Dagster's partition status cache of an asset (what the UI's catalog
+   and an asset's page read its materialized, failed and in-progress partitions from) rebuilt in the
+   background, with the function the UI's own queries call (`get_and_update_asset_status_cache_value`),
+   right after the `leads` partition keys changed. The cache is keyed by a hash of every key, so each
+   new lead had the next UI view rebuild every source's status while the operator waited. Gain: at
+   100,000 active leads, the catalog's GraphQL p95 of 10 views 4.24 s (its first view) -> 1.56-1.86 s
+   (docs/benchmarks.md, "A million leads").
 
 Private names imported for their types only (no behaviour replaced; Dagster exports no public name):
 `UnresolvedAssetJobDefinition` (what `define_asset_job` returns), `AssetCheckEvaluationTargetMaterializationData`
@@ -101,7 +108,7 @@ import dagster
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from alembic.util import coerce_resource_to_filename
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance, PartitionsDefinition
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
@@ -113,6 +120,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
     SqliteEventLogStorage,
 )
+from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
 from sqlalchemy import Connection, Engine, and_, create_engine, event
 
 __all__ = [
@@ -121,6 +129,7 @@ __all__ = [
     "HeldShards",
     "UnresolvedAssetJobDefinition",
     "delete_partition_keys",
+    "warm_partition_status",
     "hold_connections_for_the_run",
     "read_migration_scripts_once",
     "remember_asset_key_columns",
@@ -324,3 +333,25 @@ def delete_partition_keys(instance: DagsterInstance, partitions_def_name: str, k
                 DynamicPartitionsTable.c.partitions_def_name == partitions_def_name,
                 DynamicPartitionsTable.c.partition.in_(list(keys[start:start + DELETE_CHUNK])),
             )))
+
+
+# -- 4. partition status warmed in the background -----------------------------------------------
+
+
+def warm_partition_status(instance: DagsterInstance, asset_keys: Sequence[AssetKey],
+                          partitions_def: PartitionsDefinition, definition_id: str) -> list[AssetKey]:
+    """Bring each asset's partition status cache up to the partition keys whose identifier is
+    `definition_id` (`partitions_def.get_serializable_unique_identifier()`, read by the caller once
+    for all), where its stored cache was made for other keys; return the assets rebuilt. Dagster's
+    own function does the work and stores the result, as when the UI asks; an asset whose cache is
+    current is not touched (the UI's next read then only adds the events since)."""
+    records = {record.asset_entry.asset_key: record for record in instance.get_asset_records(list(asset_keys))}
+    rebuilt = []
+    for key in asset_keys:
+        record = records.get(key)
+        cached = record.asset_entry.cached_status if record is not None else None
+        if record is None or (cached is not None and cached.partitions_def_id == definition_id):
+            continue  # nothing materialized yet (nothing to show), or current
+        get_and_update_asset_status_cache_value(instance, key, partitions_def)
+        rebuilt.append(key)
+    return rebuilt

@@ -303,6 +303,11 @@ def build_new_lead_sensor(
             plan_by = min(deadline, clock() + plan_every_s) if primary else deadline
             awake = (_wait_for_inbox(store, cursor, plan_by, turn=turn, turns=turns, clock=clock, sleep=sleep)
                      or (primary and clock() < deadline))
+        if run_requests:
+            # Rows that arrived while this tick planned (the rest of a big case's deliveries) are
+            # queued now, not a sensor loop later; they go out at the next tick.
+            cursor, late, added, _ = ingest_inbox(context, store, catalog, cursor, clock=clock)
+            read, queued = read + late, queued + added
         for reason in reasons:
             context.log.info(f"backpressure: {reason}")
         new_cursor = write_cursor(cursor, leads_since, lifecycle_at)

@@ -110,6 +110,18 @@ def test_hook_partition_keys_finds_the_statement_and_connection_dagster_deletes_
             f"delete_partition_keys: {storage.__name__}.index_connection changed"
 
 
+def test_hook_partition_status_finds_the_function_the_ui_rebuilds_a_status_with() -> None:
+    from dagster._core.storage.partition_status_cache import (
+        AssetStatusCacheValue,
+        get_and_update_asset_status_cache_value,
+    )
+
+    assert _required(get_and_update_asset_status_cache_value) == ["instance", "asset_key", "partitions_def"], \
+        "warm_partition_status: get_and_update_asset_status_cache_value's parameters changed"
+    assert "partitions_def_id" in AssetStatusCacheValue._fields, \
+        "warm_partition_status: the status cache no longer names the partition keys it was made for"
+
+
 def test_the_private_types_are_still_where_they_are_imported_from() -> None:
     assert AssetCheckExecutionRecordStatus.FAILED.value == "FAILED"
     assert {"storage_id", "run_id", "timestamp"} <= set(AssetCheckEvaluationTargetMaterializationData._fields)

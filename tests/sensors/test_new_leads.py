@@ -469,7 +469,28 @@ def test_a_tick_out_of_ingest_budget_leaves_the_rest_of_the_inbox_for_the_next(w
     monkeypatch.setattr("sensors.new_leads.INBOX_CHUNK", 2)
     monkeypatch.setattr("sensors.new_leads.INGEST_BUDGET_S", 0.0)
     _accept(store, [f"big{n}.example" for n in range(5)], webhook="big", sources=["robust"])
+    rows = store.inbox_after(0, limit=10)
     first = _evaluate(sensor, instance)
-    assert read_cursor(first.cursor)[0] == store.inbox_after(0, limit=10)[1].id  # one chunk
+    # One chunk before it planned, one more before it returned with its runs.
+    assert first.run_requests and read_cursor(first.cursor)[0] == rows[3].id
     second = _evaluate(sensor, instance, cursor=first.cursor)
-    assert read_cursor(second.cursor)[0] == store.inbox_after(0, limit=10)[3].id
+    assert read_cursor(second.cursor)[0] == rows[4].id
+
+
+def test_rows_that_arrive_while_a_tick_plans_are_queued_before_it_returns(world, monkeypatch) -> None:
+    _, store, sensor, instance = world
+    import sensors.new_leads as module
+
+    plan = module.run_requests_for
+
+    def arriving_meanwhile(*args, **kwargs):
+        requests = plan(*args, **kwargs)
+        _accept(store, ["late1.example", "late2.example"], webhook="late", sources=["robust"])
+        return requests
+
+    monkeypatch.setattr(module, "run_requests_for", arriving_meanwhile)
+    _accept(store, ["first.example"], webhook="first", sources=["robust"])
+    result = _evaluate(sensor, instance)
+    assert result.run_requests and read_cursor(result.cursor)[0] == store.last_inbox_id()
+    depths = store.queue_depths()["robust"]
+    assert depths["ready"] + depths["dispatched"] == 3
