@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 from dagster import AssetCheckKey, DagsterInstance, DagsterRunStatus, RunsFilter
-from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from assets.naming import EMPTY_CHECK_NAME, source_asset_key
+from bench.common import pg_admin
 from investigations.demo.case import send_case
 from investigations.demo.fleet import DAGSTER_ENV, stop_all, wait_http
 from investigations.evidence.records import RecordStore
@@ -59,15 +59,6 @@ class Topology:
     webserver_url: str
     code_server_port: int
     logs: Path
-
-
-def _admin(sql: str) -> None:
-    engine = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            conn.execute(text(sql))
-    finally:
-        engine.dispose()
 
 
 def _start(name: str, cmd: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
@@ -150,7 +141,7 @@ def topology(sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     created: list[str] = []
     try:
         for db in (dagster_db, state_db):
-            _admin(f'CREATE DATABASE "{db}"')
+            pg_admin(f'CREATE DATABASE "{db}"', server=POSTGRES_URL)
             created.append(db)
         # This process reads Dagster's storage through the same file and variables. Its tables are
         # created here, before any process starts, so no two of them create them at once.
@@ -185,7 +176,7 @@ def topology(sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
         if instance is not None:
             instance.dispose()
         for db in created:
-            _admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)', server=POSTGRES_URL)
 
 
 def test_a_signed_case_crosses_the_deployed_services_into_records_and_dagsters_storage(topology: Topology) -> None:
