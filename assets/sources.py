@@ -42,7 +42,7 @@ from assets.partitions import leads_partitions
 from investigations.collection.collect import CollectionFailed, CollectionParked, CollectionResult
 from investigations.collection.runwork import RunWork
 from investigations.fleet.degradation import BASELINE_COLLECTIONS, Verdict, answer_verdict
-from investigations.intake.leads import Lead
+from investigations.intake.leads import Lead, lead_id_of_partition
 from investigations.scheduling.cost import collection_cost_usd, identity_prices, over_budget, spend_today
 from investigations.scheduling.dispatch import LeadCadenceView, batch_size, next_visit
 from investigations.scheduling.priority import (
@@ -98,7 +98,7 @@ def severity_of(verdict: Verdict) -> AssetCheckSeverity:
 
 def empty_check(
     spec: SourceSpec,
-    lead_id: str,
+    partition_key: str,
     verdict: Verdict,
     sample_keys: list[str],
     target: AssetCheckEvaluationTargetMaterializationData | None = None,
@@ -117,7 +117,7 @@ def empty_check(
         check_name=EMPTY_CHECK_NAME,
         passed=verdict.passed,
         severity=severity_of(verdict),
-        partition=lead_id,
+        partition=partition_key,
         target_materialization_data=target,
         description=f"{spec.name} {verdict.description}",
         metadata=verdict_metadata(verdict, sample_keys),
@@ -142,7 +142,7 @@ class Baselines:
 
 
 def latest_materialization(
-    instance: DagsterInstance, key: AssetKey, lead_id: str
+    instance: DagsterInstance, key: AssetKey, partition_key: str
 ) -> AssetCheckEvaluationTargetMaterializationData | None:
     """The partition's latest materialization, as a check result names its target (one indexed query).
 
@@ -150,16 +150,16 @@ def latest_materialization(
     covers a partition range, for which Dagster has no per-partition check result, so the asset
     builds each lead's evaluation itself and names its target the same way.
     """
-    return latest_materializations(instance, key, [lead_id]).get(lead_id)
+    return latest_materializations(instance, key, [partition_key]).get(partition_key)
 
 
 def latest_materializations(
-    instance: DagsterInstance, key: AssetKey, lead_ids: Sequence[str]
+    instance: DagsterInstance, key: AssetKey, partition_keys: Sequence[str]
 ) -> dict[str, AssetCheckEvaluationTargetMaterializationData]:
     """Each partition's latest materialization (leads never materialized left out), in one query for
     a group of leads just stored: the newest records of those partitions, newest first, are theirs.
     A partition the query's limit did not reach (others materialized it since) is looked up alone."""
-    wanted = set(lead_ids)
+    wanted = set(partition_keys)
     records = instance.fetch_materializations(
         AssetRecordsFilter(asset_key=key, asset_partitions=sorted(wanted)), limit=2 * len(wanted)
     ).records
@@ -170,9 +170,9 @@ def latest_materializations(
                 run_id=record.event_log_entry.run_id, storage_id=record.storage_id, timestamp=record.timestamp
             )
     if len(records) == 2 * len(wanted) and len(wanted) > 1:
-        for lead_id in wanted - set(targets):
-            if (target := latest_materialization(instance, key, lead_id)) is not None:
-                targets[lead_id] = target
+        for partition_key in wanted - set(targets):
+            if (target := latest_materialization(instance, key, partition_key)) is not None:
+                targets[partition_key] = target
     return targets
 
 
@@ -188,10 +188,10 @@ class PendingChecks:
         self._pending: list[tuple[str, Verdict, list[str]]] = []
         self._since = 0.0
 
-    def add(self, lead_id: str, verdict: Verdict, sample_keys: list[str]) -> None:
+    def add(self, partition_key: str, verdict: Verdict, sample_keys: list[str]) -> None:
         if not self._pending:
             self._since = self._clock()
-        self._pending.append((lead_id, verdict, sample_keys))
+        self._pending.append((partition_key, verdict, sample_keys))
 
     def due(self) -> bool:
         return bool(self._pending) and (len(self._pending) >= CHECK_GROUP_LEADS
@@ -203,9 +203,9 @@ class PendingChecks:
         if not pending:
             return []
         targets = latest_materializations(self._instance, source_asset_key(self._spec.name),
-                                          [lead_id for lead_id, _, _ in pending])
-        return [empty_check(self._spec, lead_id, verdict, sample_keys, targets.get(lead_id))
-                for lead_id, verdict, sample_keys in pending]
+                                          [partition_key for partition_key, _, _ in pending])
+        return [empty_check(self._spec, partition_key, verdict, sample_keys, targets.get(partition_key))
+                for partition_key, verdict, sample_keys in pending]
 
 
 def cadence_metadata(cadence: LeadCadenceView) -> dict[str, Any]:
@@ -232,13 +232,13 @@ def materialization(spec: SourceSpec, result: CollectionResult, *, cost_usd: flo
         extra["over_budget"] = True
     return AssetMaterialization(
         asset_key=source_asset_key(spec.name),
-        partition=result.lead_id,
+        partition=result.partition_key or result.lead_id,
         metadata={
             # Dagster's own name for it: the catalog and the asset page show it as the row count.
             "dagster/row_count": result.records,
             "records": result.records,
             "outcome": result.outcome,
-            # What the partition key (a hash) stands for, so an investigator finds the lead in the UI.
+            # The lead by its parts (an older lead's partition key is its id, a hash).
             "lead_kind": result.lead_kind,
             "lead_value": result.lead_value,
             "changed": result.changed,
@@ -317,12 +317,14 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
         if key not in context.selected_asset_keys:
             # The check alone: judge what is stored, without asking the source again.
             baselines = Baselines(fleet.store, spec)
+            partitions = fleet.store.partition_keys_of(lead_ids)
             for lead_id in lead_ids:
                 stored = fleet.store.collection(spec.name, lead_id)
                 lead = fleet.store.get_lead(lead_id)
                 fields = json.loads(stored.common_fields) if stored and stored.common_fields else []
                 verdict = baselines.judge(lead_id, lead.kind if lead else "", stored.records if stored else 0, fields)
-                yield empty_check(spec, lead_id, verdict, [], latest_materialization(context.instance, key, lead_id))
+                partition = partitions.get(lead_id, lead_id)
+                yield empty_check(spec, partition, verdict, [], latest_materialization(context.instance, key, partition))
             return
         background = is_background(context.run.tags)
         open_to_joins = context.run.tags.get(PRIORITY_CLASS_TAG) == PriorityClass.INTERACTIVE
@@ -358,8 +360,9 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 yield materialization(spec, outcome, cost_usd=cost, over_budget=past_budget,
                                       cadence=next_visit(fleet.store, spec, lead_id))
                 if check_selected:
-                    checks.add(lead_id, baselines.judge(lead_id, outcome.lead_kind, outcome.records,
-                                                        outcome.common_fields), outcome.sample_keys)
+                    checks.add(outcome.partition_key or lead_id,
+                               baselines.judge(lead_id, outcome.lead_kind, outcome.records, outcome.common_fields),
+                               outcome.sample_keys)
             elif isinstance(outcome, CollectionParked):
                 context.log.warning(f"{outcome}; back in the queue")
             else:
@@ -407,8 +410,8 @@ def leads_text(lead_ids: Sequence[str], leads: Mapping[str, Lead], *, limit: int
 
 
 def name_leads(context: AssetExecutionContext, store: StateStore, lead_ids: Sequence[str]) -> None:
-    """Tag a run of several leads with their values (LEADS_TAG): its partition keys are ids, and a UI
-    backfill's run otherwise names no lead at all. A run of one lead names it otherwise (the
+    """Tag a run of several leads with their values (LEADS_TAG): a dispatched batch covers a partition
+    range that holds other leads too, and a UI backfill's run otherwise names no lead at all. A run of one lead names it otherwise (the
     dispatcher's `investigations/lead`, or its partition)."""
     if len(lead_ids) < 2:
         return
@@ -472,7 +475,7 @@ def batch_members(context: AssetExecutionContext, fleet: FleetResource) -> list[
     launched from the UI)."""
     handover = context.run.tags.get(HANDOVER_TAG)
     if not handover:
-        return [Member(lead) for lead in context.partition_keys]
+        return [Member(lead_id_of_partition(key)) for key in context.partition_keys]
     rows = fleet.store.handover_rows(handover)
     # Fresh leads joined before the run started (dispatched after its own leads) go first, as they
     # would had they joined it while it ran: each joined so as not to wait behind a batch.

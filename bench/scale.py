@@ -105,6 +105,7 @@ from bench.common import (
     write_results,
 )
 from bench.fleet_process import BIN, ROOT, START_TIMEOUT_S, CpuSampler, Fleet, prepare_fleet, start_fleet
+from investigations.intake.leads import lead_id_of_partition
 
 NAME = "scale"
 DEFAULT_LEADS = 1_000_000
@@ -587,6 +588,17 @@ def case_leads(fleet: Fleet, cases: Iterable[str]) -> dict[str, list[str]]:
         store.close()
 
 
+def partition_keys_of(fleet: Fleet, lead_ids: Sequence[str]) -> dict[str, str]:
+    """Each lead's Dagster partition key, by lead id, as the state store has them."""
+    from investigations.store import StateStore
+
+    store = StateStore.from_url(fleet.database_url)
+    try:
+        return store.partition_keys_of(lead_ids)
+    finally:
+        store.close()
+
+
 def write_history(fleet: Fleet, count: int, lead_ids: Sequence[str], sources: Sequence[str]) -> dict[str, Any]:
     """`count` materializations over the active leads' partitions (`history_pairs`), reported with
     Dagster's `report_runless_asset_event` on an instance holding its connections as a run worker's."""
@@ -598,12 +610,14 @@ def write_history(fleet: Fleet, count: int, lead_ids: Sequence[str], sources: Se
     instance = DagsterInstance.from_config(str(fleet.dagster_home))
     hold_connections_for_the_run(instance)
     keys = {source: source_asset_key(source) for source in sources}
+    partitions = partition_keys_of(fleet, lead_ids)
     pairs = list(history_pairs(count, lead_ids, sources))
     step = max(1, len(pairs) // HISTORY_PROGRESS)
     started = time.time()
     try:
         for n, (source, lead_id) in enumerate(pairs, start=1):
-            instance.report_runless_asset_event(AssetMaterialization(asset_key=keys[source], partition=lead_id))
+            instance.report_runless_asset_event(AssetMaterialization(asset_key=keys[source],
+                                                                     partition=partitions.get(lead_id, lead_id)))
             if n % step == 0 and n < len(pairs):
                 print(f"  history: {n:,} of {len(pairs):,} in {time.time() - started:.0f} s", flush=True)
     finally:
@@ -645,7 +659,7 @@ def wait_partitions(instance: Any, fleet: Fleet, *, active: set[str], archive: s
         fleet.check_alive()
         now = time.time()
         try:
-            keys = set(instance.get_dynamic_partitions(LEADS_PARTITIONS))
+            keys = {lead_id_of_partition(key) for key in instance.get_dynamic_partitions(LEADS_PARTITIONS)}
         except Exception:  # SQLite busy while the sensor writes: ask again
             keys = keys or set()
         if keys and first_key_s is None:
@@ -1038,7 +1052,8 @@ def send_case_in_deliveries(fleet: Fleet, instance: Any, *, leads: int, sources:
                 queued = int(conn.execute(select(func.count()).select_from(q).where(q.c.case_id == case_id)).scalar() or 0)
             if queued >= wanted and queued_s is None:
                 queued_s = now
-            if joined_s is None and set(lead_ids) <= set(instance.get_dynamic_partitions(LEADS_PARTITIONS)):
+            if joined_s is None and set(lead_ids) <= {lead_id_of_partition(key) for key in
+                                                      instance.get_dynamic_partitions(LEADS_PARTITIONS)}:
                 joined_s = time.time()
             if queued_s is not None and joined_s is not None:
                 break

@@ -173,7 +173,7 @@ def seed_load(fleet: Fleet, *, leads: int, monitored: int) -> dict[str, Any]:
             for source in RECURRING_SOURCES:
                 store.complete_collection(source=source, lead_id=lead.id, outcome="ok", records=1, content_hash=None,
                                           path=None, run_id=None, now=old)
-        instance.add_dynamic_partitions(leads_partitions.name, [lead.id for lead in backfill + watched])
+        instance.add_dynamic_partitions(leads_partitions.name, [lead.partition_key for lead in backfill + watched])
         queued = store.enqueue([(source, lead.id) for source in BACKFILL_SOURCES for lead in backfill],
                                origin="backfill:bench", priority_class="backfill")
     finally:

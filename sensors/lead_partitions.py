@@ -59,7 +59,7 @@ def sync_lead_partitions(instance: DagsterInstance, store: StateStore, *, since:
     """Add the leads registered since `since` (all of them when None: a first tick, or a new Dagster
     instance over an existing state store); return how many were read and the next watermark."""
     now = now or utcnow()
-    keys = store.lead_ids_since(since - SYNC_OVERLAP if since else None)
+    keys = store.partition_keys_since(since - SYNC_OVERLAP if since else None)
     add_partitions(instance, keys)
     return len(keys), now
 
@@ -73,7 +73,7 @@ def ensure_partitions(instance: DagsterInstance, keys: Iterable[str], known: Map
 
 @dataclass(frozen=True)
 class LifecycleResult:
-    """What one lifecycle pass changed in the `leads` partitions."""
+    """What one lifecycle pass changed in the `leads` partitions, by lead id."""
 
     revived: list[str]
     retired: list[str]
@@ -91,10 +91,10 @@ def lifecycle_pass(instance: DagsterInstance, store: StateStore, *, retire_after
     now = now or utcnow()
     revived = store.leads_to_revive(limit=batch)
     if revived:
-        add_partitions(instance, revived)
+        add_partitions(instance, store.partition_keys_of(revived).values())
         store.mark_active(revived)
     retired = store.leads_to_retire(settled_before=now - SETTLE, idle_before=now - retire_after, limit=batch)
     if retired:
-        delete_partition_keys(instance, LEADS_PARTITIONS, retired)
+        delete_partition_keys(instance, LEADS_PARTITIONS, list(store.partition_keys_of(retired).values()))
         store.mark_retired(retired, now=now)
     return LifecycleResult(revived=revived, retired=retired)

@@ -117,12 +117,13 @@ class PartitionOrder(Protocol):
 
 
 def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSpec,
-                    lead: Lead | None = None) -> RunRequest:
+                    keys: Mapping[str, str], lead: Lead | None = None) -> RunRequest:
     """The Dagster run of one handover. A single lead runs on its partition; a batch over the
     partition range enveloping its leads (first..last in the `leads` partition order). Either names
     its handover in a tag: the run collects the leads recorded under it that it still owes, so a
-    retried run does not collect a lead twice, and a run that died gives them back by it. The run
-    key is the handover's, new each time a collection is handed over again. A run still going at
+    retried run does not collect a lead twice, and a run that died gives them back by it. `keys` are
+    the leads' partition keys by lead id (`kind:value`, or an older lead's id). The run key is the
+    handover's, new each time a collection is handed over again. A run still going at
     `dagster/max_runtime` is stuck: run monitoring stops it, and its leads go out again."""
     tags = {**run_tags(handover.priority_class), "investigations/source": handover.source,
             "investigations/origin": handover.rows[0].origin, HANDOVER_TAG: handover.key,
@@ -134,11 +135,12 @@ def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSp
         row = handover.rows[0]
         tags["investigations/lead_id"] = row.lead_id
         if lead is not None:
-            # The partition key is a hash; this tag lets the Runs page be filtered by the lead itself.
+            # The Runs page is filtered by the lead itself with this tag (an older lead's partition
+            # key is its id, and a tag filter matches a whole value).
             tags["investigations/lead"] = f"{lead.kind}:{lead.value}"[:LEAD_TAG_MAX]
-        return RunRequest(job_name=job_name(handover.source), partition_key=row.lead_id, run_key=handover.key,
-                          tags=tags)
-    leads = sorted(handover.lead_ids, key=lambda lead: order[lead])
+        return RunRequest(job_name=job_name(handover.source), partition_key=keys.get(row.lead_id, row.lead_id),
+                          run_key=handover.key, tags=tags)
+    leads = sorted((keys.get(lead, lead) for lead in handover.lead_ids), key=lambda key: order[key])
     return RunRequest(
         job_name=job_name(handover.source),
         run_key=handover.key,
@@ -160,7 +162,9 @@ def run_requests_for(store: StateStore, instance: DagsterInstance, plan: Dispatc
     they reached it go out as a run of their own."""
     handovers = plan.handovers
     positions: Mapping[str, int] = {}
-    early = [lead for handover in handovers if handover.is_batch or handover.joins for lead in handover.lead_ids]
+    keys = store.partition_keys_of([lead for handover in handovers for lead in handover.lead_ids])
+    early = [keys.get(lead, lead) for handover in handovers if handover.is_batch or handover.joins
+             for lead in handover.lead_ids]
     if early:
         positions = order()
         if ensure_partitions(instance, early, positions):
@@ -178,8 +182,8 @@ def run_requests_for(store: StateStore, instance: DagsterInstance, plan: Dispatc
             # Open to fresh leads of its source from now on, while it waits to start, too.
             store.open_collector(handover.key, handover.source, until_s=time.time() + OPEN_BEFORE_START_S)
         spec = catalog.get(handover.source)
-        requests.append(run_request_for(handover, positions, spec) if handover.is_batch
-                        else run_request_for(handover, {}, spec, store.get_lead(handover.rows[0].lead_id)))
+        requests.append(run_request_for(handover, positions, spec, keys) if handover.is_batch
+                        else run_request_for(handover, {}, spec, keys, store.get_lead(handover.rows[0].lead_id)))
     return requests
 
 

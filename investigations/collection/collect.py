@@ -66,9 +66,11 @@ class CollectionResult:
     # What the collection sent, per identity id: (requests, bytes of answer), every attempt counted
     # as the fetch log records it. Its cost is priced from this (`cost.collection_cost_usd`).
     sent: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # What the lead id (a hash) stands for, for people looking for the lead by its value.
+    # What the lead id (a hash) stands for, for people looking for the lead by its value, and the
+    # Dagster partition the collection is reported on (`kind:value`, or the id of an older lead).
     lead_kind: str = ""
     lead_value: str = ""
+    partition_key: str = ""
     # The fields every record carried (with a value): what the schema-drift check compares.
     common_fields: list[str] = field(default_factory=list)
     # What this collection changed in the lead's stored records, by record key (evidence/records.py).
@@ -135,6 +137,7 @@ class _Collection:
     requests: int = 0
     planned: int = 0
     tally: RequestTally = field(default_factory=RequestTally)
+    partition_key: str = ""  # the lead's Dagster partition key, read with the lead
 
 
 class _Wait(Exception):
@@ -222,7 +225,10 @@ class Collector:
 
     def _admit(self, work: _Collection) -> Lead:
         """The lead, when the source takes it and its circuit lets a collection through."""
-        spec, lead = work.spec, self.store.get_lead(work.lead_id)
+        spec, keyed = work.spec, self.store.get_lead_keyed(work.lead_id)
+        lead = keyed[0] if keyed else None
+        if keyed is not None:
+            work.partition_key = keyed[1]
         if lead is None or not spec.accepts(lead.kind):
             why = "is not in the state store" if lead is None else \
                 f"is a {lead.kind} lead, which {spec.name} does not take"
@@ -329,6 +335,7 @@ class Collector:
             sent=work.tally.per_identity(),
             lead_kind=lead.kind,
             lead_value=lead.value,
+            partition_key=work.partition_key or work.lead_id,
             common_fields=fields_in_all,
             changes=written.changes,
         )

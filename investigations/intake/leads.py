@@ -1,7 +1,15 @@
 """Leads: what a case asks the fleet to look into, normalized so the same thing is one lead.
 
 `Example.COM.` and `example.com` are one lead with one id. The id is a stable hash of the kind and
-the normalized value; it is the Dagster dynamic partition key, so it must never change for a lead.
+the normalized value: the state store, the record store and the evidence files are keyed by it, so
+it must never change for a lead.
+
+Its Dagster partition key is the lead as investigators type it, `domain:example.com`, so the UI's
+partition filter finds a lead by its value (`partition_key_for`). A value that cannot be a readable
+key (longer than PARTITION_KEY_MAX, or holding what Dagster or its UI's partition selection would
+misread) keys its partition by its id instead. Either form maps back to the id without a look-up
+(`lead_id_of_partition`). A lead registered before readable keys keeps the id as its key, and with
+it its history in Dagster (the store records each lead's key: `leads.partition_key`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,11 @@ LEAD_KINDS: Final = ("domain", "username", "email", "url", "org", "ip")
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 _USERNAME = re.compile(r"^[a-z0-9._-]{1,64}$")
 _MAX_VALUE_CHARS = 2048
+# A readable partition key (`kind:value`) at most this long; a longer value is keyed by its id.
+PARTITION_KEY_MAX = 200
+# What a readable key may not hold: Dagster refuses `...` and control characters in a partition key,
+# and the UI's partition selection reads `,` `[` `]` as separators and `|` as a multi-partition key.
+_UNREADABLE_KEY = re.compile(r"[,\[\]|\x00-\x1f\x7f]|\.\.\.|^\s|\s$")
 
 
 class LeadError(ValueError):
@@ -35,6 +48,10 @@ class Lead:
     def id(self) -> str:
         return lead_id(self.kind, self.value)
 
+    @property
+    def partition_key(self) -> str:
+        return partition_key_for(self.kind, self.value)
+
     def as_dict(self) -> dict[str, str]:
         return {"kind": self.kind, "value": self.value}
 
@@ -44,6 +61,24 @@ def lead_id(kind: str, normalized_value: str) -> str:
     key = normalized_value.casefold() if kind == "org" else normalized_value
     digest = hashlib.sha256(f"{kind}\x00{key}".encode()).hexdigest()
     return f"{kind}-{digest[:16]}"
+
+
+def partition_key_for(kind: str, normalized_value: str) -> str:
+    """The Dagster partition key of a lead registered now: `kind:value` as investigators type it, or
+    its id when the value cannot be read as a key (see PARTITION_KEY_MAX and _UNREADABLE_KEY)."""
+    key = f"{kind}:{normalized_value}"
+    if len(key) > PARTITION_KEY_MAX or _UNREADABLE_KEY.search(normalized_value):
+        return lead_id(kind, normalized_value)
+    return key
+
+
+def lead_id_of_partition(key: str) -> str:
+    """The lead id a partition key stands for: `kind:value` hashed as `lead_id` does (no look-up and no
+    re-normalizing: the key holds the normalized value), or the key itself when it is an id."""
+    kind, colon, value = key.partition(":")
+    if colon and kind in LEAD_KINDS:  # lead ids have no colon
+        return lead_id(kind, value)
+    return key
 
 
 def normalize_lead(kind: str, value: str) -> Lead:

@@ -17,6 +17,15 @@ from investigations.store.sql import Tables, upsert, utcnow
 _INBOX_LOCK_KEY = 0x1B0C5  # serializes intake commits on Postgres so inbox ids follow commit order
 # The queue states of a collection still owed to its lead (the others: done).
 _OWED_STATES = ("queued", "dispatched")
+# A lead's Dagster partition key: `kind:value` for leads registered since schema version 14, its id
+# for those registered before (their history in Dagster is under it) and for values no key can read.
+_PARTITION_KEY = func.coalesce(s.leads.c.partition_key, s.leads.c.lead_id)
+
+
+def _lead_row(lead: Lead, now: datetime) -> dict[str, Any]:
+    key = lead.partition_key
+    return {"lead_id": lead.id, "kind": lead.kind, "value": lead.value, "created_at": now,
+            "partition_key": key if key != lead.id else None}
 
 
 @dataclass(frozen=True)
@@ -65,9 +74,7 @@ class LeadTables(Tables):
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _INBOX_LOCK_KEY})
             upsert(conn, s.cases, [{"case_id": case_id, "status": "active", "created_at": now, "updated_at": now}],
                     keys=["case_id"], update=[])
-            upsert(conn, s.leads,
-                    [{"lead_id": lead.id, "kind": lead.kind, "value": lead.value, "created_at": now} for lead in unique],
-                    keys=["lead_id"], update=[])
+            upsert(conn, s.leads, [_lead_row(lead, now) for lead in unique], keys=["lead_id"], update=[])
             upsert(conn, s.case_leads,
                     [{"case_id": case_id, "lead_id": lead.id, "added_at": now} for lead in unique],
                     keys=["case_id", "lead_id"], update=[])
@@ -130,6 +137,25 @@ class LeadTables(Tables):
             row = conn.execute(select(s.leads.c.kind, s.leads.c.value).where(s.leads.c.lead_id == lead_id)).first()
         return Lead(row.kind, row.value) if row else None
 
+    def get_lead_keyed(self, lead_id: str) -> tuple[Lead, str] | None:
+        """The lead and its Dagster partition key, in one read (None: no such lead)."""
+        with self.reading() as conn:
+            row = conn.execute(select(s.leads.c.kind, s.leads.c.value, _PARTITION_KEY.label("key"))
+                               .where(s.leads.c.lead_id == lead_id)).first()
+        return (Lead(row.kind, row.value), row.key) if row else None
+
+    def partition_keys_of(self, lead_ids: Sequence[str]) -> dict[str, str]:
+        """The Dagster partition key of each registered lead among `lead_ids`, by id, in one read per
+        500 (`kind:value`, or the id of a lead registered before readable keys)."""
+        found: dict[str, str] = {}
+        lead_ids = list(dict.fromkeys(lead_ids))
+        with self.reading() as conn:
+            for start in range(0, len(lead_ids), 500):
+                query = select(s.leads.c.lead_id, _PARTITION_KEY.label("key")).where(
+                    s.leads.c.lead_id.in_(lead_ids[start:start + 500]))
+                found.update({row.lead_id: row.key for row in conn.execute(query)})
+        return found
+
     def get_leads(self, lead_ids: Sequence[str]) -> dict[str, Lead]:
         """The registered leads among `lead_ids`, by id, in one read."""
         found: dict[str, Lead] = {}
@@ -152,8 +178,7 @@ class LeadTables(Tables):
         if not unique:
             return 0
         with self.engine.begin() as conn:
-            upsert(conn, s.leads, [{"lead_id": lead.id, "kind": lead.kind, "value": lead.value, "created_at": now}
-                                    for lead in unique], keys=["lead_id"], update=[])
+            upsert(conn, s.leads, [_lead_row(lead, now) for lead in unique], keys=["lead_id"], update=[])
             if case_id:
                 upsert(conn, s.cases, [{"case_id": case_id, "status": "active", "created_at": now, "updated_at": now}],
                         keys=["case_id"], update=[])
@@ -179,6 +204,8 @@ class LeadTables(Tables):
                 "kind": row["kind"],
                 "value": row["value"],
                 "cases": sorted(cases_of.get(row["lead_id"], [])),
+                # Its partition key in Dagster's UI (`kind:value`; an older lead's is its id).
+                "partition_key": row["partition_key"] or row["lead_id"],
                 # When it left Dagster's partitions (None: it is one); its history stays here.
                 "retired_at": row["retired_at"],
                 "collections": colls_of.get(row["lead_id"], {}),
@@ -263,9 +290,9 @@ class LeadTables(Tables):
         with self.engine.begin() as conn:
             return list(conn.scalars(query))
 
-    def lead_ids_since(self, since: datetime | None) -> list[str]:
-        """The active leads registered at or after `since` (every lead when None), oldest first: what
-        the Dagster layer adds to the `leads` partitions as leads join the fleet. Active: not retired,
+    def partition_keys_since(self, since: datetime | None) -> list[str]:
+        """The partition keys of the active leads registered at or after `since` (every lead when
+        None), oldest first: what the Dagster layer adds to the `leads` partitions as leads join the fleet. Active: not retired,
         and held by an open case, by no case at all, or owed a collection; a lead whose cases are all
         closed already (registered into a case closed since) is left for the lifecycle to retire."""
         leads, links, cases, queue = s.leads, s.case_leads, s.cases, s.collection_queue
@@ -273,7 +300,7 @@ class LeadTables(Tables):
         held = select(links.c.lead_id).where(links.c.case_id.in_(open_cases))
         owed = select(queue.c.lead_id).where(queue.c.state.in_(_OWED_STATES))
         in_a_case = exists().where(links.c.lead_id == leads.c.lead_id)
-        query = (select(leads.c.lead_id)
+        query = (select(_PARTITION_KEY)
                  .where(leads.c.retired_at.is_(None),
                         or_(~in_a_case, leads.c.lead_id.in_(held), leads.c.lead_id.in_(owed)))
                  .order_by(leads.c.created_at, leads.c.lead_id))

@@ -87,7 +87,7 @@ _COLLECTIONS_V1 = Table(
 )
 
 
-# `leads` as version 1 created it (version 13 added `retired_at`).
+# `leads` as version 1 created it (version 13 added `retired_at`, version 14 `partition_key`).
 _LEADS_V1 = Table(
     "leads",
     MetaData(),
@@ -196,6 +196,13 @@ def _add_lead_retirement(conn: Connection, schema: str | None) -> None:
     conn.execute(text(f"CREATE INDEX {quote('ix_collections_last_attempt')} ON {collections} (last_attempt_at)"))
 
 
+def _add_lead_partition_keys(conn: Connection, schema: str | None) -> None:
+    # The leads registered before keep their ids as partition keys (NULL), and with them their
+    # materializations and check results in Dagster, which are recorded by key; leads registered
+    # from now on are keyed `kind:value`.
+    conn.execute(text(f"ALTER TABLE {_qualified(conn, 'leads', schema)} ADD COLUMN partition_key TEXT"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     1: _create_base,
     2: _create_flow_control,
@@ -213,6 +220,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     11: _index_queue_finished_at,
     12: _add_cadence_plans,
     13: _add_lead_retirement,
+    14: _add_lead_partition_keys,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -79,6 +79,10 @@ leads = Table(
     # once no open case holds it and nothing is owed to it; its history stays here and in the
     # record store, and it comes back when a case takes it up again (sensors/lead_partitions.py).
     Column("retired_at", UTCDateTime, nullable=True),
+    # Version 14: the lead's Dagster partition key, `kind:value` as investigators type it (see
+    # `investigations.intake.leads.partition_key_for`). NULL: the key is the lead id, as it was for
+    # every lead registered before version 14, whose history in Dagster is under that key.
+    Column("partition_key", Text, nullable=True),
     Index("ix_leads_retired_at", "retired_at"),
 )
 

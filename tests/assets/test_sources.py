@@ -37,6 +37,7 @@ from investigations.scheduling.priority import BACKGROUND_NICENESS, HANDOVER_TAG
 from investigations.sources.catalog import load_catalog
 from investigations.sources.specs import load_sources, parse_sources
 from investigations.store import StateStore
+from investigations.store import schema as s
 from resources.fleet import FleetResource
 from tests.fakes import FakeClock
 
@@ -48,7 +49,7 @@ def world(sandbox_env: Path):
     lead = normalize_lead("domain", "Example.COM.")
     store.add_lead(lead, case_id="case-1")
     instance = DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("leads", [lead.id])
+    instance.add_dynamic_partitions("leads", [lead.partition_key])
     yield settings, lead, instance, store
     store.close()
 
@@ -56,7 +57,7 @@ def world(sandbox_env: Path):
 def _materialize(spec, lead, instance, **fleet_fields):
     return materialize(
         [build_source_asset(spec)],
-        partition_key=lead.id,
+        partition_key=lead.partition_key,
         instance=instance,
         resources={"fleet": FleetResource(**fleet_fields)},
         raise_on_error=False,
@@ -69,11 +70,35 @@ def test_robust_partition_stores_records_and_passes_the_empty_check(world) -> No
     result = _materialize(spec, lead, instance)
     assert result.success
     (mat,) = result.asset_materializations_for_node("sources__robust")
-    assert mat.partition == lead.id
+    assert mat.partition == lead.partition_key
     assert mat.metadata["records"].value >= 1
     assert Path(mat.metadata["path"].value).exists()
     (check,) = result.get_asset_check_evaluations()
     assert check.passed
+
+
+def test_a_partition_is_keyed_by_the_lead_as_investigators_type_it(world) -> None:
+    settings, lead, instance, _ = world
+    assert instance.get_dynamic_partitions("leads") == ["domain:example.com"]
+    result = _materialize(load_catalog(settings.sources_path).get("robust"), lead, instance)
+    (mat,) = result.asset_materializations_for_node("sources__robust")
+    (check,) = result.get_asset_check_evaluations()
+    assert mat.partition == check.partition == "domain:example.com"
+    assert Path(mat.metadata["path"].value).name == f"{lead.id}.parquet"  # the store keeps the lead's id
+
+
+def test_a_lead_registered_before_readable_keys_is_still_reported_on_its_id(world) -> None:
+    settings, _, instance, store = world
+    older = normalize_lead("domain", "older.example")
+    store.add_lead(older, case_id="case-1")
+    with store.engine.begin() as conn:  # as schema version 13 left it: no partition key of its own
+        conn.execute(s.leads.update().where(s.leads.c.lead_id == older.id).values(partition_key=None))
+    instance.add_dynamic_partitions("leads", [older.id])
+    result = materialize([build_source_asset(load_catalog(settings.sources_path).get("robust"))],
+                         partition_key=older.id, instance=instance, resources={"fleet": FleetResource()})
+    (mat,) = result.asset_materializations_for_node("sources__robust")
+    (check,) = result.get_asset_check_evaluations()
+    assert mat.partition == check.partition == older.id
 
 
 def test_a_lead_s_first_records_are_first_seen_and_the_same_again_adds_nothing(world) -> None:
@@ -91,10 +116,10 @@ def test_a_lead_s_first_records_are_first_seen_and_the_same_again_adds_nothing(w
     assert mat.metadata["changes_per_day"].value == pytest.approx(86_400 / spec.recrawl.prior_s, rel=1e-3)
 
 
-def _stored_metadata(instance: DagsterInstance, source: str, lead_id: str) -> dict:
+def _stored_metadata(instance: DagsterInstance, source: str, partition_key: str) -> dict:
     """The lead's latest materialization's metadata, as the Dagster instance stored it."""
     (record,) = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=source_asset_key(source), asset_partitions=[lead_id]), limit=1).records
+        AssetRecordsFilter(asset_key=source_asset_key(source), asset_partitions=[partition_key]), limit=1).records
     materialization = record.asset_materialization
     assert materialization is not None
     return dict(materialization.metadata)
@@ -110,7 +135,7 @@ def test_a_materialization_says_when_its_fixed_cadence_source_looks_at_the_lead_
     settings, lead, instance, store = world
     spec = load_catalog(settings.sources_path).get("robust")  # recrawl_every: 6h
     assert _materialize(spec, lead, instance).success
-    metadata = _stored_metadata(instance, "robust", lead.id)
+    metadata = _stored_metadata(instance, "robust", lead.partition_key)
     assert isinstance(metadata["next_due"], TimestampMetadataValue)
     assert metadata["next_due"].value == pytest.approx(_collected_at(store, "robust", lead.id) + 6 * 3600)
     assert metadata["cadence"].value == "fixed cadence: every 6 h"
@@ -138,10 +163,10 @@ def test_a_materialization_of_a_learned_cadence_reads_its_source_s_last_plan(wor
     catalog = load_sources(path)
     spec = catalog.get("learned")
     assert _materialize(spec, lead, instance, sources_path=str(path)).success
-    assert "not planned yet" in _stored_metadata(instance, "learned", lead.id)["cadence"].value
+    assert "not planned yet" in _stored_metadata(instance, "learned", lead.partition_key)["cadence"].value
     plan_recurring(store, catalog)  # the recurring planner's pass keeps the source's plan
     assert _materialize(spec, lead, instance, sources_path=str(path)).success
-    metadata = _stored_metadata(instance, "learned", lead.id)
+    metadata = _stored_metadata(instance, "learned", lead.partition_key)
     # Its source's only lead: the budget of one lead every 6 h (`every`) is all its own.
     assert metadata["cadence"].value.endswith("so every 6 h")
     assert metadata["next_due"].value == pytest.approx(_collected_at(store, "learned", lead.id) + 6 * 3600, rel=1e-3)
@@ -153,7 +178,7 @@ def test_a_materialization_of_a_lead_not_collected_again_has_no_next_due_and_say
     store.set_case_status("case-1", "closed")
     spec = load_catalog(settings.sources_path).get("robust")
     assert _materialize(spec, lead, instance).success
-    metadata = _stored_metadata(instance, "robust", lead.id)
+    metadata = _stored_metadata(instance, "robust", lead.partition_key)
     assert "next_due" not in metadata
     assert metadata["cadence"].value == "not collected again: only closed cases hold it"
 
@@ -213,7 +238,7 @@ def _three_more_leads(world) -> list[Lead]:
     others = [normalize_lead("domain", f"batch{i}.example") for i in range(3)]
     for other in others:
         store.add_lead(other, case_id="case-1")
-    instance.add_dynamic_partitions("leads", [other.id for other in others])
+    instance.add_dynamic_partitions("leads", [other.partition_key for other in others])
     return others
 
 
@@ -227,7 +252,7 @@ def _batch_of_four(world):
         return materialize(
             [build_source_asset(spec)],
             instance=instance,
-            tags={"dagster/asset_partition_range_start": lead.id, "dagster/asset_partition_range_end": others[-1].id},
+            tags={"dagster/asset_partition_range_start": lead.partition_key, "dagster/asset_partition_range_end": others[-1].partition_key},
             resources={"fleet": FleetResource()},
         )
 
@@ -239,7 +264,7 @@ def test_a_batch_run_collects_every_lead_of_a_partition_range(world) -> None:
     others, run = _batch_of_four(world)
     result = run()
     mats = result.asset_materializations_for_node("sources__robust")
-    assert sorted(m.partition for m in mats) == sorted([lead.id, *(o.id for o in others)])
+    assert sorted(m.partition for m in mats) == sorted([lead.partition_key, *(o.partition_key for o in others)])
     checks = result.get_asset_check_evaluations()
     assert sorted(c.partition for c in checks) == sorted(m.partition for m in mats) and all(c.passed for c in checks)
 
@@ -287,7 +312,7 @@ def test_the_empty_check_alone_judges_what_is_stored_without_fetching(world, san
         jobs=[define_asset_job("check_only", selection=AssetSelection.checks_for_assets(source_asset_key("quiet")))],
         resources={"fleet": FleetResource()},
     )
-    result = defs.resolve_job_def("check_only").execute_in_process(instance=instance, tags={"dagster/partition": lead.id})
+    result = defs.resolve_job_def("check_only").execute_in_process(instance=instance, tags={"dagster/partition": lead.partition_key})
     (check,) = result.get_asset_check_evaluations()
     assert not check.passed and check.metadata["records"].value == 0
     assert sandbox.app_state.sources["quiet"].requests == requests_before
@@ -306,10 +331,11 @@ def test_a_batch_run_collects_only_its_member_leads_inside_the_envelope(world) -
         [build_source_asset(spec)],
         instance=instance,
         resources={"fleet": FleetResource()},
-        tags={"dagster/asset_partition_range_start": lead.id, "dagster/asset_partition_range_end": others[2].id,
+        tags={"dagster/asset_partition_range_start": lead.partition_key, "dagster/asset_partition_range_end": others[2].partition_key,
               HANDOVER_TAG: "robust:batch:test"},
     )
-    assert sorted(m.partition for m in result.asset_materializations_for_node("sources__robust")) == sorted(members)
+    assert sorted(m.partition for m in result.asset_materializations_for_node("sources__robust")) == sorted(
+        [lead.partition_key, others[2].partition_key])
 
 
 def test_a_fresh_lead_joined_to_a_run_before_it_started_is_collected_first(world) -> None:
@@ -327,11 +353,11 @@ def test_a_fresh_lead_joined_to_a_run_before_it_started_is_collected_first(world
     assert store.join_collector("robust:batch:open", [row.id for row in joined], now_s=time.time())
     result = materialize(
         [build_source_asset(spec)], instance=instance, resources={"fleet": FleetResource()},
-        tags={"dagster/asset_partition_range_start": others[0].id, "dagster/asset_partition_range_end": others[2].id,
+        tags={"dagster/asset_partition_range_start": others[0].partition_key, "dagster/asset_partition_range_end": others[2].partition_key,
               HANDOVER_TAG: "robust:batch:open"},
     )
     order = [m.partition for m in result.asset_materializations_for_node("sources__robust")]
-    assert order[0] == lead.id and sorted(order[1:]) == sorted(other.id for other in others)
+    assert order[0] == lead.partition_key and sorted(order[1:]) == sorted(other.partition_key for other in others)
 
 
 def test_an_open_run_reports_its_leads_checks_when_they_are_done_not_after_its_linger(world, monkeypatch) -> None:
@@ -349,7 +375,7 @@ def test_an_open_run_reports_its_leads_checks_when_they_are_done_not_after_its_l
     (row,) = store.dispatch("robust", limit=1)
     store.assign_handover([row.id], handover_key="robust:open")
     result = materialize([build_source_asset(spec)], instance=instance, resources={"fleet": FleetResource()},
-                         partition_key=lead.id,
+                         partition_key=lead.partition_key,
                          tags={HANDOVER_TAG: "robust:open", **run_tags(PriorityClass.INTERACTIVE)})
     (stored,) = [event for event in result.all_events if event.event_type_value == "ASSET_MATERIALIZATION"]
     (checked,) = [event for event in result.all_events if event.event_type_value == "ASSET_CHECK_EVALUATION"]
@@ -371,7 +397,7 @@ def test_a_retry_of_a_run_killed_after_it_stored_its_lead_succeeds_collecting_no
     store.finish_dispatched("robust", lead.id, outcome="ok")  # what the killed run did before it died
     requests_before = sandbox.app_state.sources["robust"].requests
     result = materialize([build_source_asset(spec)], instance=instance, resources={"fleet": FleetResource()},
-                         partition_key=lead.id, tags={HANDOVER_TAG: "robust:killed"})
+                         partition_key=lead.partition_key, tags={HANDOVER_TAG: "robust:killed"})
     assert result.success
     assert result.asset_materializations_for_node("sources__robust") == []
     assert sandbox.app_state.sources["robust"].requests == requests_before
@@ -429,7 +455,7 @@ def test_a_single_lead_check_result_counts_as_the_partitions_current_result(worl
     spec = load_catalog(settings.sources_path).get("quiet")
     result = _materialize(spec, lead, instance)
     assert result.success
-    assert _check_partition_states(instance, "quiet") == {lead.id: "FAILED"}
+    assert _check_partition_states(instance, "quiet") == {lead.partition_key: "FAILED"}
     messages = [e.message for e in instance.all_logs(result.run_id)]
     assert not [m for m in messages if "did not yield or return expected outputs" in m]
 
@@ -439,7 +465,7 @@ def test_every_lead_of_a_batch_run_gets_a_current_check_result(world) -> None:
     others, run = _batch_of_four(world)
     for _ in range(2):  # the second run's results replace the first's as current
         result = run()
-    assert _check_partition_states(instance, "robust") == {lead.id: "SUCCEEDED", **{o.id: "SUCCEEDED" for o in others}}
+    assert _check_partition_states(instance, "robust") == {lead.partition_key: "SUCCEEDED", **{o.partition_key: "SUCCEEDED" for o in others}}
     assert not [e for e in instance.all_logs(result.run_id) if "did not yield" in e.message]
 
 
@@ -478,7 +504,7 @@ def test_collections_lease_their_identities_through_the_proxy_resource(world, tm
     # The fleet itself names no identities file: what it goes out as is the proxy resource's.
     proxies = IdentityPoolResource(identities_path=str(path))
     result = materialize([build_source_asset(load_catalog(settings.sources_path).get("robust"))],
-                         partition_key=lead.id, instance=instance,
+                         partition_key=lead.partition_key, instance=instance,
                          resources={"fleet": FleetResource(identities=proxies), "identities": proxies})
     assert result.success
     (mat,) = result.asset_materializations_for_node("sources__robust")

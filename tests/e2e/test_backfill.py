@@ -62,6 +62,6 @@ def test_leads_added_by_cli_and_intake_then_backfilled_run_in_whole_batches(flee
     assert len(runs) == math.ceil(queued / BATCH)
     assert all(HANDOVER_TAG in r.tags for r in runs if r.tags.get("investigations/batch_size", "1") != "1")
     partitions = set(instance.get_dynamic_partitions("leads"))
-    assert {by_intake.id, *(lead.id for lead in by_cli)} <= partitions
+    assert {by_intake.partition_key, *(lead.partition_key for lead in by_cli)} <= partitions
     materialized = instance.get_materialized_partitions(source_asset_key("quiet"))
-    assert {lead.id for lead in by_cli} <= materialized
+    assert {lead.partition_key for lead in by_cli} <= materialized

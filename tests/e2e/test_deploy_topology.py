@@ -202,11 +202,11 @@ def test_a_signed_case_crosses_the_deployed_services_into_records_and_dagsters_s
     # Dagster's storage (the database deploy/dagster.yaml was pointed at): the lead's partition was
     # materialized and its check passed.
     key = source_asset_key(SOURCE)
-    assert lead.id in instance.get_materialized_partitions(key)
+    assert lead.partition_key in instance.get_materialized_partitions(key)
     checks = instance.event_log_storage.get_asset_check_partition_info([AssetCheckKey(key, EMPTY_CHECK_NAME)])
     passed = {info.partition_key for info in checks
               if info.is_current and info.latest_execution_status == AssetCheckExecutionRecordStatus.SUCCEEDED}
-    assert lead.id in passed
+    assert lead.partition_key in passed
 
     # The fleet's state (the other database) has the lead and its collection; the records are stored.
     store = StateStore.from_url(topology.state_url)

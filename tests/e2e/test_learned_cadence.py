@@ -31,7 +31,7 @@ def test_a_lead_on_a_learned_cadence_is_collected_again_when_its_own_interval_co
         # (the source's `every`, where a new lead's rate starts) later.
         latest, first = wait_for(
             lambda: (found := instance.fetch_materializations(
-                AssetRecordsFilter(asset_key=key, asset_partitions=[lead.id]), limit=2).records)
+                AssetRecordsFilter(asset_key=key, asset_partitions=[lead.partition_key]), limit=2).records)
             and len(found) == 2 and found,
             timeout_s=150, what="the lead collected a second time, on its learned cadence")
         assert instance.get_run_by_id(first.run_id).tags[PRIORITY_CLASS_TAG] == "interactive"

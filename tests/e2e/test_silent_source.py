@@ -33,7 +33,7 @@ def test_a_silently_empty_source_fails_its_partition_check_and_slack_hears_once(
         return {i.partition_key for i in infos
                 if i.is_current and i.latest_execution_status == AssetCheckExecutionRecordStatus.FAILED}
 
-    wait_for(lambda: lead.id in failed_partitions(), timeout_s=120, what="quiet's check failed on the lead")
+    wait_for(lambda: lead.partition_key in failed_partitions(), timeout_s=120, what="quiet's check failed on the lead")
 
     def quiet_alerts() -> list[dict]:
         return [m for m in fleet.slack.messages if "*quiet*" in m.get("text", "") and EMPTY_CHECK_NAME in m["text"]]

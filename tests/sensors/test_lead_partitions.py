@@ -51,17 +51,17 @@ def test_a_closed_case_s_leads_leave_the_partitions_and_keep_their_history(
 ) -> None:
     sqlite_store.add_leads([A, B], case_id="closing")
     sqlite_store.add_lead(C, case_id="open")
-    add_partitions(instance, [A.id, B.id, C.id])
-    materialize([probe], partition_key=A.id, instance=instance)
+    add_partitions(instance, [A.partition_key, B.partition_key, C.partition_key])
+    materialize([probe], partition_key=A.partition_key, instance=instance)
     sqlite_store.set_case_status("closing", "closed")
     now = utcnow() + settled()
     result = lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=now)
     assert sorted(result.retired) == sorted([A.id, B.id]) and result.revived == []
-    assert keys(instance) == [C.id]
+    assert keys(instance) == [C.partition_key]
     assert sqlite_store.retired_lead_ids([A.id, B.id, C.id]) == {A.id, B.id}
     # Dagster keeps the retired lead's materialization in its event log.
     history = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("probe"),
-                                                                 asset_partitions=[A.id]), limit=10)
+                                                                 asset_partitions=[A.partition_key]), limit=10)
     assert len(history.records) == 1
     assert materialized(instance) == []
     assert not lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=now).changed
@@ -71,17 +71,17 @@ def test_a_re_opened_case_brings_its_leads_back_with_their_history(
     instance: DagsterInstance, sqlite_store: StateStore
 ) -> None:
     sqlite_store.add_leads([A, B], case_id="case-1")
-    add_partitions(instance, [A.id, B.id])
-    materialize([probe], partition_key=A.id, instance=instance)
-    assert materialized(instance) == [A.id]
+    add_partitions(instance, [A.partition_key, B.partition_key])
+    materialize([probe], partition_key=A.partition_key, instance=instance)
+    assert materialized(instance) == [A.partition_key]
     sqlite_store.set_case_status("case-1", "closed")
     lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=utcnow() + settled())
     assert keys(instance) == [] and materialized(instance) == []
     sqlite_store.set_case_status("case-1", "active")
     result = lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER)
     assert sorted(result.revived) == sorted([A.id, B.id]) and result.retired == []
-    assert keys(instance) == sorted([A.id, B.id])
-    assert materialized(instance) == [A.id]
+    assert keys(instance) == sorted([A.partition_key, B.partition_key])
+    assert materialized(instance) == [A.partition_key]
     assert sqlite_store.lead_partition_counts() == {"active": 2, "retired": 0}
 
 
@@ -89,9 +89,9 @@ def test_a_pass_cut_short_after_dagster_changed_is_finished_by_the_next(
     instance: DagsterInstance, sqlite_store: StateStore
 ) -> None:
     sqlite_store.add_lead(A, case_id="case-1")
-    add_partitions(instance, [A.id])
+    add_partitions(instance, [A.partition_key])
     sqlite_store.set_case_status("case-1", "closed")
-    instance.delete_dynamic_partition(LEADS_PARTITIONS, A.id)  # removed, but the store not told yet
+    instance.delete_dynamic_partition(LEADS_PARTITIONS, A.partition_key)  # removed, but the store not told yet
     result = lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=utcnow() + settled())
     assert result.retired == [A.id] and sqlite_store.retired_lead_ids([A.id]) == {A.id}
 
@@ -104,12 +104,12 @@ def test_the_sync_adds_neither_a_retired_lead_nor_one_whose_cases_are_closed(
     sqlite_store.set_case_status("closed", "closed")
     sqlite_store.mark_retired([A.id])
     read, _ = sync_lead_partitions(instance, sqlite_store, since=None)
-    assert read == 1 and keys(instance) == [B.id]
+    assert read == 1 and keys(instance) == [B.partition_key]
 
 
 def test_a_pass_retires_at_most_its_batch(instance: DagsterInstance, sqlite_store: StateStore) -> None:
     sqlite_store.add_leads([A, B, C], case_id="case-1")
-    add_partitions(instance, [A.id, B.id, C.id])
+    add_partitions(instance, [A.partition_key, B.partition_key, C.partition_key])
     sqlite_store.set_case_status("case-1", "closed")
     now = utcnow() + settled()
     assert len(lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=now, batch=2).retired) == 2

@@ -80,7 +80,7 @@ def test_a_delivery_s_leads_become_partitions_and_one_run_per_wanted_source(worl
     _, store, sensor, instance = world
     leads = _accept(store, ["example.com", "example.org"], webhook="w1")
     result = _evaluate(sensor, instance)
-    assert sorted(instance.get_dynamic_partitions("leads")) == sorted(lead.id for lead in leads)
+    assert sorted(instance.get_dynamic_partitions("leads")) == sorted(lead.partition_key for lead in leads)
     assert sorted(r.job_name for r in result.run_requests) == sorted(job_name(s) for s in ("robust", "flaky"))
     for request in result.run_requests:
         assert request.tags["dagster/priority"] == str(DAGSTER_PRIORITY[PriorityClass.INTERACTIVE])
@@ -134,7 +134,7 @@ def test_an_empty_tick_waits_for_the_inbox_and_requests_a_lead_that_arrives_mean
 
     fake = FakeTime(lead_arrives_on_the_third_poll)
     result = _evaluate(_waiting_sensor(catalog, fake), instance, cursor="0")
-    assert [r.partition_key for r in result.run_requests] == [arrived[0].id]
+    assert [r.partition_key for r in result.run_requests] == [arrived[0].partition_key]
     assert len(fake.slept) == 3 and fake.now < 3.5  # it returned on the poll that saw the lead
 
 
@@ -162,7 +162,7 @@ def test_a_waiting_tick_hands_over_a_backfill_queued_meanwhile_at_its_next_plan(
     (request,) = _evaluate(sensor, instance, cursor="0").run_requests
     assert request.tags["investigations/batch_size"] == "2"
     assert fake.now == pytest.approx(3.5)  # at the first plan after it was queued, not at the tick's end
-    assert sorted(instance.get_dynamic_partitions("leads")) == sorted(lead.id for lead in queued)
+    assert sorted(instance.get_dynamic_partitions("leads")) == sorted(lead.partition_key for lead in queued)
 
 
 def test_a_lead_registered_while_a_tick_waits_joins_the_partitions_before_the_tick_ends(world) -> None:
@@ -173,7 +173,7 @@ def test_a_lead_registered_while_a_tick_waits_joins_the_partitions_before_the_ti
     def registered_after_a_second(slept) -> None:
         if sum(slept) >= 1.0 and store.get_lead(lead.id) is None:
             store.add_lead(lead)  # `leads add`: no inbox row wakes the sensor
-        elif not seen_at and lead.id in instance.get_dynamic_partitions("leads"):
+        elif not seen_at and lead.partition_key in instance.get_dynamic_partitions("leads"):
             seen_at.append(sum(slept))
 
     fake = FakeTime(registered_after_a_second)
@@ -279,7 +279,7 @@ def test_a_relay_hands_over_interactive_work_only(world) -> None:
 
     relay = _waiting_sensor(catalog, FakeTime(a_fresh_lead_arrives), turn=1, turns=2)
     (request,) = _evaluate(relay, instance).run_requests
-    assert request.partition_key == arrived[0].id
+    assert request.partition_key == arrived[0].partition_key
     assert store.queue_depths()["robust"]["ready"] == 2  # the backfill waits for new_leads
 
 
@@ -322,7 +322,7 @@ def test_interactive_work_is_dispatched_before_queued_backfill(world) -> None:
     (urgent,) = _accept(store, ["urgent.example"], webhook="urgent", sources=["robust"])
     result = _evaluate(sensor, instance)
     first, batch = result.run_requests  # the fresh lead, then the background work as one batch
-    assert first.partition_key == urgent.id and first.tags[PRIORITY_CLASS_TAG] == "interactive"
+    assert first.partition_key == urgent.partition_key and first.tags[PRIORITY_CLASS_TAG] == "interactive"
     assert int(batch.tags["dagster/priority"]) == DAGSTER_PRIORITY[PriorityClass.BACKFILL]
     assert len(store.handover_leads(batch.tags[HANDOVER_TAG])) == 4
 
@@ -334,7 +334,7 @@ def test_a_fresh_lead_joins_the_open_run_of_its_source_without_a_run_of_its_own(
     result = _evaluate(sensor, instance)
     assert not result.run_requests
     assert store.handover_leads("robust:open") == [lead.id]
-    assert lead.id in instance.get_dynamic_partitions("leads")  # before the open run reports it
+    assert lead.partition_key in instance.get_dynamic_partitions("leads")  # before the open run reports it
 
 
 def test_a_second_fresh_lead_joins_the_run_requested_for_the_first_before_it_starts(world) -> None:
@@ -353,7 +353,7 @@ def test_a_lead_whose_open_run_closed_after_the_plan_gets_a_run_of_its_own(world
     rows = tuple(store.dispatch("robust", limit=1))
     plan = DispatchPlan([Handover("robust", PriorityClass.INTERACTIVE, rows, joins="robust:closed")])
     (request,) = run_requests_for(store, instance, plan, partition_order_of(instance), catalog)
-    assert request.partition_key == lead.id and request.run_key != "robust:closed"
+    assert request.partition_key == lead.partition_key and request.run_key != "robust:closed"
     assert store.handover_leads(request.run_key) == [lead.id]
 
 
@@ -385,7 +385,7 @@ def test_leads_registered_outside_the_intake_join_the_partitions_and_go_out_as_o
         store.add_lead(lead, case_id="c1")
     store.enqueue([("robust", lead.id) for lead in leads], origin="backfill:1", priority_class="backfill")
     result = _evaluate(sensor, instance)
-    assert set(instance.get_dynamic_partitions("leads")) == {lead.id for lead in leads}
+    assert set(instance.get_dynamic_partitions("leads")) == {lead.partition_key for lead in leads}
     (batch,) = result.run_requests
     assert batch.partition_key is None and batch.tags[HANDOVER_TAG] == batch.run_key
     assert sorted(store.handover_leads(batch.tags[HANDOVER_TAG])) == sorted(lead.id for lead in leads)
@@ -399,11 +399,11 @@ def test_a_lead_registered_while_the_sensor_was_off_joins_the_partitions_on_its_
     lead = normalize_lead("domain", "early.example")
     store.add_lead(lead)
     first = _evaluate(sensor, instance)
-    assert instance.get_dynamic_partitions("leads") == [lead.id]
+    assert instance.get_dynamic_partitions("leads") == [lead.partition_key]
     later = normalize_lead("domain", "later.example")
     store.add_lead(later)
     _evaluate(sensor, instance, cursor=first.cursor)  # a later tick reads only what joined since
-    assert instance.get_dynamic_partitions("leads") == [lead.id, later.id]
+    assert instance.get_dynamic_partitions("leads") == [lead.partition_key, later.partition_key]
 
 
 def test_a_fresh_lead_is_dispatched_even_when_background_work_is_in_flight(world) -> None:
@@ -413,7 +413,7 @@ def test_a_fresh_lead_is_dispatched_even_when_background_work_is_in_flight(world
     assert len(first.run_requests) == 1  # the backlog, smaller than a batch, went out whole
     (urgent,) = _accept(store, ["urgent.example"], webhook="urgent", sources=["robust"])
     (request,) = _evaluate(sensor, instance, cursor=first.cursor).run_requests
-    assert request.partition_key == urgent.id
+    assert request.partition_key == urgent.partition_key
 
 
 def test_a_tick_retires_a_closed_case_s_leads_once_a_minute_and_syncs_only_active_ones(world) -> None:
@@ -422,17 +422,17 @@ def test_a_tick_retires_a_closed_case_s_leads_once_a_minute_and_syncs_only_activ
     closed, kept = normalize_lead("domain", "closed.example"), normalize_lead("domain", "kept.example")
     store.add_lead(closed, case_id="old", now=long_ago)
     store.add_lead(kept, case_id="open", now=long_ago)
-    instance.add_dynamic_partitions("leads", [closed.id, kept.id])
+    instance.add_dynamic_partitions("leads", [closed.partition_key, kept.partition_key])
     store.set_case_status("old", "closed", now=long_ago)
     first = _evaluate(sensor, instance)
-    assert instance.get_dynamic_partitions("leads") == [kept.id]
+    assert instance.get_dynamic_partitions("leads") == [kept.partition_key]
     assert store.retired_lead_ids([closed.id]) == {closed.id}
     store.set_case_status("old", "active")
     _evaluate(sensor, instance, cursor=first.cursor)  # within the minute: no pass
-    assert instance.get_dynamic_partitions("leads") == [kept.id]
+    assert instance.get_dynamic_partitions("leads") == [kept.partition_key]
     inbox, since, _ = read_cursor(first.cursor)
     _evaluate(sensor, instance, cursor=write_cursor(inbox, since, lifecycle_at=0.0))  # a minute on
-    assert sorted(instance.get_dynamic_partitions("leads")) == sorted([closed.id, kept.id])
+    assert sorted(instance.get_dynamic_partitions("leads")) == sorted([closed.partition_key, kept.partition_key])
 
 
 def test_a_full_lifecycle_pass_goes_on_within_its_budget_then_at_the_next_tick(world, monkeypatch) -> None:
@@ -440,7 +440,7 @@ def test_a_full_lifecycle_pass_goes_on_within_its_budget_then_at_the_next_tick(w
     long_ago = datetime.now(UTC) - timedelta(hours=1)
     leads = [normalize_lead("domain", f"closed{n}.example") for n in range(3)]
     store.add_leads(leads, case_id="old", now=long_ago)
-    instance.add_dynamic_partitions("leads", [lead.id for lead in leads])
+    instance.add_dynamic_partitions("leads", [lead.partition_key for lead in leads])
     store.set_case_status("old", "closed", now=long_ago)
     monkeypatch.setattr("sensors.new_leads.LIFECYCLE_BATCH", 1)
     monkeypatch.setattr("sensors.new_leads.LIFECYCLE_BUDGET_S", 0.0)  # one pass per tick

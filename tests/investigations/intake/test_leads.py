@@ -5,8 +5,18 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from dagster import DynamicPartitionsDefinition
 
-from investigations.intake.leads import LEAD_KINDS, Lead, LeadError, lead_id, normalize_lead
+from investigations.intake.leads import (
+    LEAD_KINDS,
+    PARTITION_KEY_MAX,
+    Lead,
+    LeadError,
+    lead_id,
+    lead_id_of_partition,
+    normalize_lead,
+    partition_key_for,
+)
 
 # -- normalization ----------------------------------------------------------------------------------
 
@@ -130,3 +140,46 @@ def test_every_kind_has_a_normalizer() -> None:
                "url": "https://example.com/", "org": "Acme", "ip": "8.8.8.8"}
     assert set(samples) == set(LEAD_KINDS)
     assert [normalize_lead(kind, value).kind for kind, value in samples.items()] == list(samples)
+
+
+@pytest.mark.parametrize(("kind", "raw", "key"), [
+    ("domain", "Example.COM.", "domain:example.com"),
+    ("username", "@Robin", "username:robin"),
+    ("email", "Robin@Example.com", "email:robin@example.com"),
+    ("url", "https://example.com/a?b=1", "url:https://example.com/a?b=1"),
+    ("org", "Acme   Holdings", "org:Acme Holdings"),
+    ("ip", "2606:4700:0::1111", "ip:2606:4700::1111"),
+])
+def test_a_leads_partition_key_is_the_lead_as_investigators_type_it(kind: str, raw: str, key: str) -> None:
+    lead = normalize_lead(kind, raw)
+    assert lead.partition_key == key
+    assert lead_id_of_partition(key) == lead.id
+
+
+@pytest.mark.parametrize("raw", [
+    "https://example.com/a,b",  # the UI's partition selection splits on commas
+    "https://example.com/[x]",
+    "https://example.com/a|b",
+    "https://example.com/wait...",  # Dagster refuses `...` in a partition key
+    "https://example.com/" + "x" * PARTITION_KEY_MAX,
+])
+def test_a_value_no_key_can_read_is_keyed_by_its_id(raw: str) -> None:
+    lead = normalize_lead("url", raw)
+    assert lead.partition_key == lead.id
+    assert lead_id_of_partition(lead.partition_key) == lead.id
+
+
+def test_every_readable_key_is_one_dagster_accepts() -> None:
+    leads = [normalize_lead("org", "Acme, Inc."), normalize_lead("url", "https://example.com/x?q=a b"),
+             normalize_lead("domain", "example.com")]
+    keys = [lead.partition_key for lead in leads]
+    assert keys[0] == leads[0].id and keys[1].startswith("url:") and keys[2] == "domain:example.com"
+    DynamicPartitionsDefinition(name="leads").build_add_request(keys)  # raises on a key Dagster refuses
+
+
+def test_an_org_key_keeps_its_spelling_and_maps_to_the_case_blind_id() -> None:
+    assert lead_id_of_partition(partition_key_for("org", "ACME Holdings")) == normalize_lead("org", "acme holdings").id
+
+
+def test_a_partition_key_that_is_an_id_maps_to_itself() -> None:
+    assert lead_id_of_partition("domain-05d504ff83cf98ff") == "domain-05d504ff83cf98ff"

@@ -85,8 +85,9 @@ def test_the_sync_reads_the_leads_of_open_cases_of_no_case_and_owed_work_only(st
     store.set_case_status("shut", "closed", now=T0)
     store.mark_retired([retired.id], now=T0)
     store.enqueue([("robust", owed.id)], origin="backfill:1", priority_class="backfill", now=T0)
-    assert sorted(store.lead_ids_since(None)) == sorted([held.id, caseless.id, owed.id])
-    assert store.lead_ids_since(T0 + timedelta(seconds=1)) == []
+    assert sorted(store.partition_keys_since(None)) == sorted([held.partition_key, caseless.partition_key,
+                                                                owed.partition_key])
+    assert store.partition_keys_since(T0 + timedelta(seconds=1)) == []
 
 
 def test_a_retired_lead_is_brought_back_when_its_case_reopens(store: StateStore) -> None:

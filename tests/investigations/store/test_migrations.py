@@ -295,4 +295,20 @@ def test_a_version_12_database_migrates_with_every_lead_still_a_partition(
     assert columns == [(c.name, c.nullable) for c in s.leads.columns]
     assert {"ix_leads_retired_at", "ix_queue_state_lead", "ix_collections_last_attempt"} <= indexes
     assert store.lead_partition_counts() == {"active": 1, "retired": 0}
-    assert store.lead_ids_since(None) == ["domain-1"]
+    assert store.partition_keys_since(None) == ["domain-1"]
+
+
+def test_a_version_13_databases_leads_keep_their_ids_as_partition_keys_and_new_leads_are_keyed_by_value(
+    engine: Engine, database: tuple[str, str | None]
+) -> None:
+    _, schema = database
+    assert migrate(engine, schema=schema, version=13) == 13
+    old, new = normalize_lead("domain", "old.example"), normalize_lead("domain", "new.example")
+    with engine.begin() as conn:
+        conn.execute(_LEADS_V1.insert().values(lead_id=old.id, kind=old.kind, value=old.value, created_at=V5_AT))
+    store = StateStore(engine, schema=schema)
+    store.add_lead(new, now=V5_AT + timedelta(seconds=1))
+    store.add_lead(old)  # registered again: its key stays the one its history in Dagster is under
+    assert store.partition_keys_of([old.id, new.id]) == {old.id: old.id, new.id: "domain:new.example"}
+    assert store.partition_keys_since(None) == [old.id, "domain:new.example"]
+    assert store.get_lead_keyed(new.id) == (new, "domain:new.example")
