@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from dagster import DagsterInstance
+from sqlalchemy.exc import IntegrityError
 
 from assets.partitions import LEADS_PARTITIONS
 from investigations.store import StateStore, utcnow
@@ -35,6 +36,8 @@ from resources.dagster_internals import delete_partition_keys
 SYNC_OVERLAP = timedelta(seconds=60)
 # Keys per add call: Dagster checks them against the partitions table in one `IN (...)` query.
 ADD_CHUNK = 500
+# Tries per chunk when another process adds some of its keys at the same moment.
+ADD_ATTEMPTS = 3
 # How long a lead that leaves every open case keeps its partition: a run of its may still be writing
 # its materialization and checks, and a case closed by mistake is re-opened at no cost.
 SETTLE = timedelta(minutes=5)
@@ -48,10 +51,21 @@ LIFECYCLE_BUDGET_S = 3.0
 
 
 def add_partitions(instance: DagsterInstance, keys: Iterable[str]) -> None:
-    """Add `keys` to the `leads` partitions (idempotent), in chunks, in the order given."""
+    """Add `keys` to the `leads` partitions (idempotent), in chunks, in the order given.
+
+    Dagster reads which keys exist, then inserts the others: two ticks adding the same new lead at
+    once (the primary's sync and a relay's dispatch, say) race between the two, and the slower one
+    meets the unique constraint. It adds again, and this time finds the key there."""
     keys = list(dict.fromkeys(keys))
     for start in range(0, len(keys), ADD_CHUNK):
-        instance.add_dynamic_partitions(LEADS_PARTITIONS, keys[start:start + ADD_CHUNK])
+        chunk = keys[start:start + ADD_CHUNK]
+        for attempt in range(ADD_ATTEMPTS):
+            try:
+                instance.add_dynamic_partitions(LEADS_PARTITIONS, chunk)
+                break
+            except IntegrityError:
+                if attempt == ADD_ATTEMPTS - 1:
+                    raise
 
 
 def sync_lead_partitions(instance: DagsterInstance, store: StateStore, *, since: datetime | None,

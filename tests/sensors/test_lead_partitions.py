@@ -116,3 +116,28 @@ def test_a_pass_retires_at_most_its_batch(instance: DagsterInstance, sqlite_stor
     assert len(keys(instance)) == 1
     assert len(lifecycle_pass(instance, sqlite_store, retire_after=RETIRE_AFTER, now=now, batch=2).retired) == 1
     assert keys(instance) == []
+
+
+class RacedInstance:
+    """An instance another tick races: at the first add, the other tick inserts the same keys after
+    this one read which exist and before it inserts them, so this insert meets the unique constraint."""
+
+    def __init__(self, real: DagsterInstance) -> None:
+        self.real, self.adds = real, 0
+
+    def add_dynamic_partitions(self, name: str, keys: list[str]) -> None:
+        self.adds += 1
+        if self.adds == 1:
+            from dagster._core.storage.event_log.schema import DynamicPartitionsTable
+
+            self.real.add_dynamic_partitions(name, keys)  # the other tick
+            with self.real.event_log_storage.index_connection() as conn:  # type: ignore[attr-defined]
+                conn.execute(DynamicPartitionsTable.insert(),
+                             [{"partitions_def_name": name, "partition": key} for key in keys])
+        self.real.add_dynamic_partitions(name, keys)
+
+
+def test_adding_keys_another_tick_adds_at_the_same_moment_succeeds(instance: DagsterInstance) -> None:
+    raced = RacedInstance(instance)
+    add_partitions(raced, [A.partition_key, B.partition_key])  # type: ignore[arg-type]
+    assert raced.adds == 2 and keys(instance) == sorted([A.partition_key, B.partition_key])
