@@ -44,10 +44,17 @@ def build_recurring_sensor(catalog: SourceCatalog, jobs: list[SourceJob], *,
     def recurring_crawls(context: SensorEvaluationContext, fleet: FleetResource) -> SensorResult:
         plans = plan_recurring(fleet.store, catalog, circuits=Circuits(fleet.store))
         summary = "; ".join(describe(p) for p in plans)
-        context.log.info(summary)
+        # Said at INFO (the console under `make run`) only when it queued work: an idle fleet's tick
+        # says nothing new every minute. The tick's skip reason in the UI says it either way.
+        (context.log.info if queued_any(plans) else context.log.debug)(summary)
         return SensorResult(skip_reason=f"queued for dispatch by new_leads: {summary}")
 
     return recurring_crawls
+
+
+def queued_any(plans: list[RecurringPlan]) -> bool:
+    """Whether a tick queued anything: due leads, canaries or leads its recovery queued again."""
+    return any(plan.queued or plan.canaries or plan.recovered for plan in plans)
 
 
 def describe(plan: RecurringPlan) -> str:
@@ -58,6 +65,8 @@ def describe(plan: RecurringPlan) -> str:
         text += f", learned cadence median {about(plan.median_interval_s)}"
         if plan.budget_short:
             text += " (budget short: every lead at its max)"
+    if plan.canaries:
+        text += f", {plan.canaries} canary lead(s) queued"
     if plan.recovered:
         text += f", {plan.recovered} empty or failed during its canary incident queued again"
     if plan.failing_since is not None:

@@ -16,8 +16,10 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 
 from investigations.config import Settings
 from investigations.demo.case import demo_body, demo_webhook_id, send_case
@@ -41,6 +43,8 @@ DEMO_SLACK_PORT = 8900
 # SQLite: about 20 ms of CPU per lead at run creation), and the range's other partitions are not
 # marked failed when the batch fails.
 DAGSTER_ENV = {"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1"}
+# `dagster dev` is what the card runs; its notice that `dg dev` supersedes it is not the user's to act on.
+DEV_QUIET_ENV = {"PYTHONWARNINGS": "ignore:Function `dev_command` is superseded"}
 
 
 def fleet_env(project_root: Path, base: Mapping[str, str] | None = None, *,
@@ -90,16 +94,40 @@ def slack_destination(env: Mapping[str, str], stand_in: SlackStandIn | None) -> 
     return "nowhere (no Slack token)"
 
 
-def prepare_dagster_home(project_root: Path, dagster_home: Path) -> None:
-    """DAGSTER_HOME holds the instance's storage; its dagster.yaml always mirrors the project's."""
+def prepare_dagster_home(project_root: Path, dagster_home: Path) -> Path:
+    """DAGSTER_HOME holds the instance's storage; its dagster.yaml always mirrors the project's, and
+    so does its workspace.yaml, with the code location's working directory made absolute. Return
+    that workspace file.
+
+    `dagster dev` runs in DAGSTER_HOME: started in the project's folder, it warns that the
+    project's dagster.yaml will not be used, though its copy in DAGSTER_HOME is."""
     dagster_home.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(project_root / "dagster.yaml", dagster_home / "dagster.yaml")
+    workspace = yaml.safe_load((project_root / "workspace.yaml").read_text())
+    for location in workspace["load_from"]:
+        for target in location.values():
+            if isinstance(target, dict) and "working_directory" in target:
+                target["working_directory"] = str((project_root / target["working_directory"]).resolve())
+    path = dagster_home / "workspace.yaml"
+    path.write_text(yaml.safe_dump(workspace, sort_keys=False))
+    return path
 
 
-def start(cmd: list[str], env: Mapping[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+def start_dagster_dev(env: Mapping[str, str], port: int, dagster_home: Path, workspace: Path,
+                      **popen: Any) -> subprocess.Popen[bytes]:
+    """`dagster dev` (UI, daemon, code server) on `port`, run in DAGSTER_HOME with the workspace
+    `prepare_dagster_home` wrote. At warnings and errors only: the daemon's INFO lines (each sensor
+    checked, every few seconds) would bury the banner while the fleet idles; each tick's log is in
+    the UI."""
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    return start([dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-w", str(workspace), "--log-level", "warning"],
+                 {**env, **DEV_QUIET_ENV}, dagster_home, **popen)
+
+
+def start(cmd: list[str], env: Mapping[str, str], cwd: Path, **popen: Any) -> subprocess.Popen[bytes]:
     # A new session per child: `dagster dev` ignores signals inherited as ignored, and its own
     # children must be stopped with it, so we signal the whole group.
-    return subprocess.Popen(cmd, env=dict(env), cwd=cwd, start_new_session=True, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(cmd, env=dict(env), cwd=cwd, start_new_session=True, stdin=subprocess.DEVNULL, **popen)
 
 
 def stop_all(processes: list[subprocess.Popen[bytes]], grace_s: float = STOP_GRACE_S) -> None:
@@ -157,9 +185,8 @@ def run_demo_fleet(project_root: Path, *, send_demo: bool = True) -> int:
 def _run_processes(project_root: Path, env: dict[str, str], alerts_to: str, *, send_demo: bool) -> int:
     settings = Settings.from_env(env)
     dagster_home = Path(env["DAGSTER_HOME"])
-    prepare_dagster_home(project_root, dagster_home)
+    workspace = prepare_dagster_home(project_root, dagster_home)
     py = sys.executable
-    dagster = str(Path(py).with_name("dagster"))
     procs: list[subprocess.Popen[bytes]] = []
     stopping = False
 
@@ -172,8 +199,7 @@ def _run_processes(project_root: Path, env: dict[str, str], alerts_to: str, *, s
     try:
         procs.append(start([py, "-m", "investigations", "sandbox", "--port", str(settings.sandbox_port)], env, project_root))
         procs.append(start([py, "-m", "investigations", "intake", "--port", str(settings.intake_port)], env, project_root))
-        procs.append(start([dagster, "dev", "-h", "127.0.0.1", "-p", str(settings.ui_port), "-w", "workspace.yaml"],
-                           env, project_root))
+        procs.append(start_dagster_dev(env, settings.ui_port, dagster_home, workspace))
         sandbox_url, intake_url = env["INVESTIGATIONS_SANDBOX_URL"], f"http://127.0.0.1:{settings.intake_port}"
         ui_url = f"http://127.0.0.1:{settings.ui_port}"
         wait_http(f"{sandbox_url}/healthz", timeout_s=30, procs=procs)

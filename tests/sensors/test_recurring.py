@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from investigations.scheduling.dispatch import RecurringPlan
-from sensors.recurring import about, describe
+from sensors.recurring import about, describe, queued_any
 
 SINCE = datetime(2026, 12, 2, 2, 0, tzinfo=UTC)
 
@@ -33,3 +33,15 @@ def test_a_learned_cadence_says_its_median_interval_and_a_short_budget() -> None
                                                (2_700.0, "45m"), (42.4, "42s")])
 def test_a_cadence_reads_to_a_tenth_of_its_unit(seconds: float, text: str) -> None:
     assert about(seconds) == text
+
+
+def test_a_tick_s_summary_counts_the_canaries_it_queued() -> None:
+    assert describe(RecurringPlan("robust", 1, 0, 0, canaries=1)) == "robust: 0 due, 0 queued, 1 canary lead(s) queued"
+
+
+def test_only_a_tick_that_queued_something_is_said_on_the_console() -> None:
+    idle = [RecurringPlan("robust", 1, 0, 0), RecurringPlan("quiet", 1, 0, 0, "budget: spent")]
+    assert not queued_any(idle)
+    for busy in (RecurringPlan("robust", 1, 2, 2), RecurringPlan("robust", 1, 0, 0, canaries=1),
+                 RecurringPlan("robust", 1, 0, 0, recovered=3)):
+        assert queued_any([*idle, busy])
