@@ -7,7 +7,8 @@ conventions, so rates, ratios and quantiles are Prometheus' to compute, over any
 
 - counters (`_total`), cumulative since the store began: requests by outcome, retries, refusals and
   answer bytes (the fetch log, which is append-only); finished collections by outcome (the queue's
-  dispatched rows once done, never changed again; see `stats.FleetTotals`);
+  dispatched rows once done, never changed again; see `stats.FleetTotals`); records found by
+  finished collections (the state store's running total per source, `source_totals`);
 - a histogram of request latency in seconds (the fetch log's `latency_ms`);
 - gauges for states only: the queue, identities, circuits, dead letters, freshness, records held,
   spend today, the budget, evidence kept, each source's health verdict, each rate lane's pacing (its
@@ -30,7 +31,7 @@ the lanes (the names the identities file gives them, as the fetch log and run me
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import get_args
@@ -87,10 +88,12 @@ class FleetCollector(Collector):
         figures = fleet_figures(self._store, self._catalog, now=now, window_s=self._window_s, circuits=circuits,
                                 data_dir=self._data_dir)
         # Counters keep the sources the store has history of, even one no longer configured.
+        records = self._store.records_totals()
         sources = _ordered(self._catalog.names, (source for source, _ in totals.requests),
-                           (source for source, _ in totals.collections))
+                           (source for source, _ in totals.collections), records)
         yield from _request_counters(totals, sources)
         yield _collection_counter(totals, sources)
+        yield _records_counter(records, sources)
         yield _latency_histogram(totals, sources)
         yield from _state_gauges(figures, totals, now=now)
         yield from _pacing_gauges(lane_standings(self._store, self._catalog, now.timestamp()))
@@ -132,6 +135,15 @@ def _collection_counter(totals: FleetTotals, sources: Sequence[str]) -> Metric:
     for source in sources:
         for outcome in outcomes:
             family.add_metric([source, outcome], totals.collections.get((source, outcome), 0))
+    return family
+
+
+def _records_counter(records: Mapping[str, int], sources: Sequence[str]) -> Metric:
+    family = CounterMetricFamily(f"{PREFIX}records",
+                                 "records found by finished collections (a lead collected again counts its records "
+                                 "again): the state store's running total", labels=["source"])
+    for source in sources:
+        family.add_metric([source], records.get(source, 0))
     return family
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, and_, case, delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from investigations.store import schema as s
 from investigations.store.queue import finish_dispatched_rows
@@ -64,7 +65,14 @@ class CollectionTables(Tables):
                                common_fields=common_fields)
             record_visit(conn, source=source, lead_id=lead_id, outcome=outcome, records=records,
                          content_hash=content_hash, now=now, prior_s=change_prior_s)
+            if records:
+                _add_to_total(conn, source, records, now)
             return finish_dispatched_rows(conn, source, lead_id, outcome=outcome, now=now)
+
+    def records_totals(self) -> dict[str, int]:
+        """Each source's running total of the records its collections found (`source_totals`)."""
+        with self.reading() as conn:
+            return {row.source: int(row.records) for row in conn.execute(select(s.source_totals))}
 
     def collection(self, source: str, lead_id: str) -> Collection | None:
         with self.engine.begin() as conn:
@@ -171,3 +179,13 @@ def _record_collection(conn: Connection, *, source: str, lead_id: str, outcome: 
         )
 
 
+
+
+def _add_to_total(conn: Connection, source: str, records: int, now: datetime) -> None:
+    """Add `records` to the source's running total, in the collection's own transaction (one row per
+    source, so a collection killed before its commit never counted)."""
+    totals = s.source_totals
+    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    stmt = dialect_insert(totals).values(source=source, records=records, updated_at=now)
+    conn.execute(stmt.on_conflict_do_update(index_elements=["source"], set_={
+        "records": totals.c.records + stmt.excluded.records, "updated_at": stmt.excluded.updated_at}))

@@ -203,6 +203,11 @@ def _add_lead_partition_keys(conn: Connection, schema: str | None) -> None:
     conn.execute(text(f"ALTER TABLE {_qualified(conn, 'leads', schema)} ADD COLUMN partition_key TEXT"))
 
 
+def _add_source_totals(conn: Connection, _schema: str | None) -> None:
+    # A new table only: the running totals start at 0, from the first collection after the upgrade.
+    s.metadata.create_all(conn, tables=[s.source_totals])
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     1: _create_base,
     2: _create_flow_control,
@@ -221,6 +226,7 @@ MIGRATIONS: dict[int, Callable[[Connection, str | None], None]] = {
     12: _add_cadence_plans,
     13: _add_lead_retirement,
     14: _add_lead_partition_keys,
+    15: _add_source_totals,
 }
 
 _LOCK_KEY = 0x1A5E5  # arbitrary constant shared by every process migrating the same database

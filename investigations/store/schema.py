@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -401,3 +401,14 @@ cadence_plans = Table(
     Column("planned_at", UTCDateTime, nullable=False),
 )
 
+# Version 15: what each source's collections found, as a running total that only grows: every
+# finished collection adds the records it found (a lead collected again counts them again). The
+# `collections` table keeps each lead's latest collection only, so its sum can go down; this is
+# what `/metrics` serves as the counter `investigations_records_total`.
+source_totals = Table(
+    "source_totals",
+    metadata,
+    Column("source", String(64), primary_key=True),
+    Column("records", BigInteger, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)

@@ -54,6 +54,7 @@ COUNTERS = {
     "investigations_refusals": ["source"],
     "investigations_response_bytes": ["source"],
     "investigations_collections": ["outcome", "source"],
+    "investigations_records": ["source"],
 }
 GAUGES = {
     "investigations_queue_depth": ["priority_class", "source", "state"],
@@ -195,6 +196,8 @@ def test_the_figures_read_what_the_store_holds(store: StateStore) -> None:
     assert one("investigations_collections_total", source="api", outcome="ok") == 1
     assert one("investigations_collections_total", source="quiet", outcome="empty") == 1
     assert one("investigations_collections_total", source="quiet", outcome="failed") == 0
+    assert one("investigations_records_total", source="api") == 3
+    assert one("investigations_records_total", source="quiet") == 0  # its collection was empty
     assert one("investigations_queue_depth", source="api", priority_class="recurring", state="ready") == 1
     assert one("investigations_queue_depth", source="quiet", priority_class="backfill", state="waiting") == 1
     assert one("investigations_queue_depth", source="api", priority_class="interactive", state="dispatched") == 0
@@ -260,6 +263,9 @@ def test_counters_never_go_down_across_scrapes_with_collections_between(store: S
     assert grew("investigations_collections_total", source="api", outcome="ok") == 0
     assert grew("investigations_collections_total", source="api", outcome="failed") == 1
     assert grew("investigations_collections_total", source="quiet", outcome="ok") == 1
+    # The api lead's records stay counted though its latest collection found none; quiet's add up.
+    assert grew("investigations_records_total", source="api") == 0
+    assert grew("investigations_records_total", source="quiet") == 3
     assert grew("investigations_requests_total", source="api", outcome="transient") == 2
     assert grew("investigations_retries_total", source="api") == 1
     assert grew("investigations_request_duration_seconds_count", source="api") == 2

@@ -210,6 +210,16 @@ def dead(store: StateStore, *, attempts: int = 2, now: datetime = T0, source: st
                           attempts=attempts, last_error=f"HTTP 503 at {now:%H:%M}", now=now)
 
 
+def test_every_finished_collection_adds_its_records_to_its_source_s_running_total(store: StateStore) -> None:
+    assert store.records_totals() == {}
+    collected(store, "ok", records=3)
+    collected(store, "ok", records=3, now=T0 + timedelta(hours=1))  # the same records again count again
+    collected(store, "empty", records=0, now=T0 + timedelta(hours=2))
+    collected(store, "failed", now=T0 + timedelta(hours=3))
+    collected(store, "ok", records=2, source="quiet")
+    assert store.records_totals() == {"robust": 6, "quiet": 2}
+
+
 def test_record_collection_stores_the_latest_success(store: StateStore) -> None:
     collected(store, "ok", records=3)
     got = store.collection("robust", EXAMPLE.id)
