@@ -184,13 +184,23 @@ def build_parser() -> argparse.ArgumentParser:
                                            "empty_answers.csv and a datapackage.json manifest into a new folder")
     export.add_argument("--case", required=True, help="the case id")
     export.add_argument("folder", type=Path, help="where to write the package (new or empty)")
+    export.add_argument("--sign", action="store_true",
+                        help="sign the manifest's digest (datapackage-digest.json) with the key the "
+                             "INVESTIGATIONS_SIGNING_KEY setting names (a PEM file), as WACZ signing does")
     export.set_defaults(func=_export)
 
     verify = sub.add_parser("verify", help="check an exported package: every file against the manifest, every "
                                            "record read again from its WARC capture with its source's adapter, "
                                            "every empty answer's capture (exit 1 on any mismatch)")
     verify.add_argument("folder", type=Path)
+    verify.add_argument("--key", type=Path, metavar="PEM",
+                        help="the package must be signed by this key (its public half, or the private key's file)")
     verify.set_defaults(func=_verify)
+
+    signing_key = sub.add_parser("signing-key", help="make a signing key for `export --sign` (ECDSA P-384, PEM, "
+                                                     "readable by you only) and print its public half and fingerprint")
+    signing_key.add_argument("path", type=Path, help="the key file to write (it must not exist yet)")
+    signing_key.set_defaults(func=_signing_key)
 
     fleet = sub.add_parser("fleet", help="per source: health, throughput, error rates, freshness, identities, spend")
     fleet.add_argument("--source", help="only this source")
@@ -517,23 +527,46 @@ def _records(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from investigations.evidence.casepackage import MANIFEST, export_case
+    from investigations.evidence.signing import SigningError, load_signing_key
 
     settings = Settings.from_env()
     try:
-        done = export_case(_store(settings), settings.data_dir, args.case, args.folder)
-    except (FileExistsError, FileNotFoundError) as exc:
+        key = load_signing_key() if args.sign else None
+        done = export_case(_store(settings), settings.data_dir, args.case, args.folder, signing_key=key)
+    except (FileExistsError, FileNotFoundError, SigningError) as exc:
         print(f"investigations: {exc}", file=sys.stderr)
         return 2
     print(f"exported case {args.case}: {done.leads} lead(s), {done.records} record(s) in {done.record_files} "
           f"file(s), {done.warc_files} WARC file(s), {done.empty_answers} empty answer(s), {done.sources} source "
-          f"spec(s), {done.bytes} bytes; manifest {done.folder / MANIFEST}")
+          f"spec(s), {done.bytes} bytes; manifest {done.folder / MANIFEST}, "
+          + (f"signed by key {done.signed_by}" if done.signed_by else "not signed (export --sign signs it)"))
+    return 0
+
+
+def _signing_key(args: argparse.Namespace) -> int:
+    from investigations.evidence.signing import fingerprint, new_signing_key, public_pem
+
+    try:
+        key = new_signing_key(args.path)
+    except OSError as exc:
+        print(f"investigations: {args.path}: {exc.strerror}; the key file must not exist yet", file=sys.stderr)
+        return 2
+    print(f"wrote a signing key to {args.path} (readable by you only); export --sign uses it with "
+          f"INVESTIGATIONS_SIGNING_KEY={args.path}\nfingerprint {fingerprint(key.public_key())}\n"
+          f"public key, for whoever checks your packages (`verify --key`):\n{public_pem(key)}", end="")
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
     from investigations.evidence.casepackage import verify_package
+    from investigations.evidence.signing import SigningError, load_public_key
 
-    result = verify_package(args.folder)
+    try:
+        expected = load_public_key(args.key) if args.key else None
+    except SigningError as exc:
+        print(f"investigations: --key {exc}", file=sys.stderr)
+        return 2
+    result = verify_package(args.folder, expected_key=expected)
     for note in result.not_rechecked:
         print(f"NOT RE-CHECKED {note}", file=sys.stderr)
     if not result.ok:
@@ -547,6 +580,9 @@ def _verify(args: argparse.Namespace) -> int:
             f"their WARC captures and matching, {result.empty_answers} empty answer(s) empty in their captures")
     print(told + (": all match" if not result.not_rechecked
                   else f"; {len(result.not_rechecked)} not re-checked (listed above)"))
+    print(f"signed by key {result.signed_by}: the signature over the manifest is valid"
+          + ("" if args.key else " (compare the fingerprint with the one the exporter holds, or pass --key)")
+          if result.signed_by else "not signed: nothing in the package says who exported it")
     return 0
 
 

@@ -13,7 +13,9 @@
   secrets masked (`redacted_spec`), and its adapter's parser version: what it takes to read each
   answer again;
 - `datapackage.json`, a manifest in the style of WACZ's: each file's path, size in bytes and
-  `sha256:<hex>` hash.
+  `sha256:<hex>` hash;
+- `datapackage-digest.json`: the manifest's own sha256, signed with the operator's key when asked
+  (`evidence.signing`, in the shape of WACZ signing's anonymous signature).
 
 Digests: a payload digest is shown as `sha256:<hex>` everywhere (the records' `payload_sha256`
 column holds the bare hex). A WARC record's WARC-Payload-Digest is the same sha256 of the same
@@ -44,10 +46,12 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import ValidationError
 
 from investigations.adapters import Adapter, ParsedRecord, ParseError, TtlCache, build_adapter
@@ -67,6 +71,7 @@ from investigations.evidence.captures import (
     sha256_digest_header,
 )
 from investigations.evidence.records import RecordStore
+from investigations.evidence.signing import DIGEST_FILE, check_digest, fingerprint, write_digest
 from investigations.net.redaction import MASK, SECRETS, redact_url
 from investigations.sources.catalog import load_catalog
 from investigations.sources.specs import SourceCatalog, SourceSpec
@@ -109,6 +114,7 @@ class ExportResult:
     bytes: int
     empty_answers: int = 0  # rows of empty_answers.csv: answers of collections that came back empty
     sources: int = 0  # sources in sources.json
+    signed_by: str | None = None  # the signing key's fingerprint (None: the digest is not signed)
 
 
 @dataclass
@@ -121,6 +127,8 @@ class VerifyResult:
     # Records (and empty answers) that could not be read again with today's code, each with why;
     # not a mismatch, and not a match either.
     not_rechecked: list[str] = field(default_factory=list)
+    # The fingerprint of the key whose valid signature covers the manifest (None: not signed).
+    signed_by: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -148,10 +156,12 @@ def file_sha256(path: Path) -> str:
 
 
 def export_case(store: StateStore, data_dir: str | os.PathLike[str], case_id: str,
-                folder: str | os.PathLike[str], *, catalog: SourceCatalog | None = None) -> ExportResult:
+                folder: str | os.PathLike[str], *, catalog: SourceCatalog | None = None,
+                signing_key: ec.EllipticCurvePrivateKey | None = None) -> ExportResult:
     """Write case `case_id`'s package into `folder` (created; it must not hold anything yet).
 
     `catalog`: the sources whose specs go into `sources.json` (default: the configured sources file).
+    `signing_key`: the operator's key, to sign the manifest's digest with (`evidence.signing`).
     Raises KeyError for an unknown case, FileExistsError for a folder that is not empty, and
     FileNotFoundError when a record points at a WARC file that is not there.
     """
@@ -213,8 +223,18 @@ def export_case(store: StateStore, data_dir: str | os.PathLike[str], case_id: st
         "resources": resources,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    write_digest(out, MANIFEST, software=SOFTWARE, version=package_version(), key=signing_key)
     return ExportResult(out, len(leads), len(copied), record_count, len(warc_files),
-                        sum(r["bytes"] for r in resources), empty_answers=len(rows), sources=len(sources))
+                        sum(r["bytes"] for r in resources), empty_answers=len(rows), sources=len(sources),
+                        signed_by=fingerprint(signing_key.public_key()) if signing_key else None)
+
+
+def package_version() -> str:
+    """This software's version, as its package metadata says."""
+    try:
+        return metadata.version("investigations-fleet")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def find_empty_answer(store: StateStore, data_dir: str | os.PathLike[str], source: str, lead_id: str) -> EmptyAnswer:
@@ -262,10 +282,12 @@ def redacted_spec(spec: SourceSpec) -> dict[str, Any]:
     return data
 
 
-def verify_package(folder: str | os.PathLike[str]) -> VerifyResult:
-    """Check the package in `folder` against its manifest, its records against their captures and
-    its empty answers against theirs; the result lists every mismatch (empty when the package is
-    intact) and every record that could not be read again (`not_rechecked`)."""
+def verify_package(folder: str | os.PathLike[str], *, expected_key: ec.EllipticCurvePublicKey | None = None
+                   ) -> VerifyResult:
+    """Check the package in `folder` against its manifest, the manifest against its digest (and the
+    digest's signature, when signed; with `expected_key`, it must be signed by that key), its records
+    against their captures and its empty answers against theirs; the result lists every mismatch
+    (empty when the package is intact) and every record that could not be read again (`not_rechecked`)."""
     out = Path(folder)
     result = VerifyResult()
     try:
@@ -274,6 +296,9 @@ def verify_package(folder: str | os.PathLike[str]) -> VerifyResult:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         result.problems.append(f"{MANIFEST}: unreadable manifest ({type(exc).__name__}: {exc})")
         return result
+    digest_check = check_digest(out, MANIFEST, expected_key=expected_key)
+    result.problems += digest_check.problems
+    result.signed_by = digest_check.fingerprint
     for relative, resource in resources.items():
         path = out / relative
         if Path(relative).is_absolute() or ".." in Path(relative).parts:
@@ -290,7 +315,7 @@ def verify_package(folder: str | os.PathLike[str]) -> VerifyResult:
             result.problems.append(f"{relative}: hash {digest} does not match the manifest's {resource.get('hash')}")
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         relative = path.relative_to(out).as_posix()
-        if relative != MANIFEST and relative not in resources:
+        if relative not in (MANIFEST, DIGEST_FILE) and relative not in resources:
             result.problems.append(f"{relative}: in the package but not in the manifest")
     readers = _Readers(out, resources, result)
     empty_files: dict[tuple[str, str], str] = {}

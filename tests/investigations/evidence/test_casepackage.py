@@ -152,3 +152,59 @@ def test_records_captures_shows_each_records_capture(collected: Settings, capsys
     assert main(["records", "--lead", "domain:example.com", "--captures"]) == 0
     table = capsys.readouterr().out
     assert rows[0]["capture_id"] in table and f"{rows[0]['warc_file']}@{rows[0]['warc_offset']}" in table
+
+
+def test_an_operator_signs_a_package_with_their_key_and_a_verifier_checks_it_against_it(
+        collected: Settings, tmp_path: Path, capsys, monkeypatch) -> None:
+    key_file = tmp_path / "keys" / "signing.pem"
+    key_file.parent.mkdir()
+    assert main(["signing-key", str(key_file)]) == 0
+    made = capsys.readouterr().out
+    (shown,) = [line.removeprefix("fingerprint ") for line in made.splitlines() if line.startswith("fingerprint ")]
+    public = tmp_path / "signing.pub"
+    public.write_text(made[made.index("-----BEGIN PUBLIC KEY-----"):])
+    monkeypatch.setenv("INVESTIGATIONS_SIGNING_KEY", str(key_file))
+    out = tmp_path / "package"
+    assert main(["export", "--case", "case-1", "--sign", str(out)]) == 0
+    assert f"signed by key {shown}" in capsys.readouterr().out
+    assert main(["verify", "--key", str(public), str(out)]) == 0
+    assert f"signed by key {shown}: the signature over the manifest is valid" in capsys.readouterr().out
+    # The private key is nowhere in the package: only its public half is.
+    secret = "".join(key_file.read_text().splitlines()[1:-1])
+    assert not [p for p in out.rglob("*") if p.is_file() and secret[:40].encode() in p.read_bytes()]
+    # A manifest edited after signing fails, even with its digest made again.
+    other = tmp_path / "other.pem"
+    assert main(["signing-key", str(other)]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("INVESTIGATIONS_SIGNING_KEY", str(other))
+    resigned = tmp_path / "resigned"
+    assert main(["export", "--case", "case-1", "--sign", str(resigned)]) == 0
+    capsys.readouterr()
+    assert main(["verify", "--key", str(public), str(resigned)]) == 1
+    assert "not by " + shown in capsys.readouterr().err
+
+
+def test_export_sign_without_a_key_is_a_clear_error_that_writes_nothing(
+        collected: Settings, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("INVESTIGATIONS_SIGNING_KEY", raising=False)
+    assert main(["export", "--case", "case-1", "--sign", str(tmp_path / "package")]) == 2
+    assert "INVESTIGATIONS_SIGNING_KEY is not set" in capsys.readouterr().err
+    assert not (tmp_path / "package").exists()
+
+
+def test_an_unsigned_package_verifies_and_says_it_is_not_signed(collected: Settings, tmp_path: Path, capsys) -> None:
+    out = export(tmp_path, capsys)
+    assert main(["verify", str(out)]) == 0
+    assert "not signed" in capsys.readouterr().out
+    key_file = tmp_path / "signing.pem"
+    assert main(["signing-key", str(key_file)]) == 0
+    capsys.readouterr()
+    assert main(["verify", "--key", str(key_file), str(out)]) == 1
+    assert "the package is not signed" in capsys.readouterr().err
+
+
+def test_a_signing_key_is_never_written_over(tmp_path: Path, capsys) -> None:
+    key_file = tmp_path / "signing.pem"
+    key_file.write_text("mine")
+    assert main(["signing-key", str(key_file)]) == 2
+    assert "must not exist yet" in capsys.readouterr().err and key_file.read_text() == "mine"

@@ -35,6 +35,7 @@ from investigations.evidence.casepackage import (
     verify_package,
 )
 from investigations.evidence.records import RecordStore
+from investigations.evidence.signing import write_digest
 from investigations.intake.leads import normalize_lead
 from investigations.sources.catalog import load_catalog
 from investigations.sources.specs import SourceCatalog, parse_sources
@@ -123,6 +124,7 @@ def rewrite(out: Path, relative: str, text_or_table: str | object) -> None:
             resource["bytes"] = (out / relative).stat().st_size
             resource["hash"] = f"sha256:{file_sha256(out / relative)}"
     (out / MANIFEST).write_text(json.dumps(package))
+    write_digest(out, MANIFEST, software="tamperer", version="1")  # an unsigned digest anyone can make again
 
 
 def empty_answers(out: Path) -> list[dict[str, str]]:
