@@ -105,10 +105,10 @@ def lifecycle_pass(instance: DagsterInstance, store: StateStore, *, retire_after
     now = now or utcnow()
     revived = store.leads_to_revive(limit=batch)
     if revived:
-        add_partitions(instance, store.partition_keys_of(revived).values())
-        store.mark_active(revived)
+        add_partitions(instance, revived.values())
+        store.mark_active(list(revived))
     retired = store.leads_to_retire(settled_before=now - SETTLE, idle_before=now - retire_after, limit=batch)
     if retired:
-        delete_partition_keys(instance, LEADS_PARTITIONS, list(store.partition_keys_of(retired).values()))
-        store.mark_retired(retired, now=now)
-    return LifecycleResult(revived=revived, retired=retired)
+        delete_partition_keys(instance, LEADS_PARTITIONS, list(retired.values()))
+        store.mark_retired(list(retired), now=now)
+    return LifecycleResult(revived=list(revived), retired=list(retired))

@@ -311,8 +311,9 @@ class LeadTables(Tables):
 
     # --- the partition lifecycle (sensors/lead_partitions.py) -------------------------------------
 
-    def leads_to_retire(self, *, settled_before: datetime, idle_before: datetime, limit: int) -> list[str]:
-        """Leads that may leave Dagster's partitions, at most `limit`.
+    def leads_to_retire(self, *, settled_before: datetime, idle_before: datetime, limit: int) -> dict[str, str]:
+        """Leads that may leave Dagster's partitions, at most `limit`, each with its partition key (by
+        lead id, read in the same query).
 
         Not retired yet, held by no open case, owed nothing (no queued or dispatched collection), and
         untouched since `settled_before`: registered, collected and (for a case's lead) its cases
@@ -329,7 +330,7 @@ class LeadTables(Tables):
         idle = select(collections.c.lead_id).where(collections.c.last_attempt_at >= idle_before)
         in_a_case = exists().where(links.c.lead_id == leads.c.lead_id)
         query = (
-            select(leads.c.lead_id)
+            select(leads.c.lead_id, _PARTITION_KEY)
             .where(
                 leads.c.retired_at.is_(None),
                 leads.c.created_at < settled_before,
@@ -341,23 +342,24 @@ class LeadTables(Tables):
             .limit(limit)  # in no order: a sort would read every candidate before the first
         )
         with self.reading() as conn:
-            return list(conn.scalars(query))
+            return {row[0]: row[1] for row in conn.execute(query)}
 
-    def leads_to_revive(self, *, limit: int) -> list[str]:
-        """Retired leads that belong in Dagster's partitions again, at most `limit`: an open case holds
-        them (a case re-opened, or a new one took them up) or a collection is owed to them (a backfill
-        or a requeued dead letter). Read from the open cases and the owed work, not every retired lead."""
+    def leads_to_revive(self, *, limit: int) -> dict[str, str]:
+        """Retired leads that belong in Dagster's partitions again, at most `limit`, each with its
+        partition key: an open case holds them (a case re-opened, or a new one took them up) or a
+        collection is owed to them (a backfill or a requeued dead letter). Read from the open cases and
+        the owed work, not every retired lead."""
         leads, links, cases, queue = s.leads, s.case_leads, s.cases, s.collection_queue
         open_cases = select(cases.c.case_id).where(cases.c.status == "active")
-        by_case = (select(links.c.lead_id)
+        by_case = (select(links.c.lead_id, _PARTITION_KEY)
                    .join(leads, leads.c.lead_id == links.c.lead_id)
                    .where(links.c.case_id.in_(open_cases), leads.c.retired_at.is_not(None)))
-        by_work = (select(queue.c.lead_id)
+        by_work = (select(queue.c.lead_id, _PARTITION_KEY)
                    .join(leads, leads.c.lead_id == queue.c.lead_id)
                    .where(queue.c.state.in_(_OWED_STATES), leads.c.retired_at.is_not(None)))
         query = union(by_case, by_work).limit(limit)
         with self.reading() as conn:
-            return list(conn.scalars(query))
+            return {row[0]: row[1] for row in conn.execute(query)}
 
     def mark_retired(self, lead_ids: Sequence[str], *, now: datetime | None = None) -> None:
         """Record that these leads left Dagster's partitions (the caller removed them first)."""

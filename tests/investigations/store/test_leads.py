@@ -94,11 +94,11 @@ def test_a_retired_lead_is_brought_back_when_its_case_reopens(store: StateStore)
     store.add_leads([A, B], case_id="case-1", now=T0)
     store.set_case_status("case-1", "closed", now=T0)
     store.mark_retired([A.id, B.id], now=T0)
-    assert store.leads_to_revive(limit=100) == []
+    assert store.leads_to_revive(limit=100) == {}
     store.set_case_status("case-1", "active", now=T0 + timedelta(days=1))
     assert sorted(store.leads_to_revive(limit=100)) == sorted([A.id, B.id])
     store.mark_active([A.id, B.id])
-    assert store.leads_to_revive(limit=100) == [] and store.lead_partition_counts()["retired"] == 0
+    assert store.leads_to_revive(limit=100) == {} and store.lead_partition_counts()["retired"] == 0
 
 
 def test_a_retired_lead_is_brought_back_when_a_new_case_takes_it_up(store: StateStore) -> None:
@@ -107,7 +107,7 @@ def test_a_retired_lead_is_brought_back_when_a_new_case_takes_it_up(store: State
     store.mark_retired([A.id], now=T0)
     store.accept_leads(webhook_id="w2", case_id="case-2", leads=[A], sources=None, priority_class="interactive",
                        now=T0 + timedelta(days=1))
-    assert store.leads_to_revive(limit=100) == [A.id]
+    assert store.leads_to_revive(limit=100) == {A.id: A.partition_key}
 
 
 @pytest.mark.parametrize("state", ["queued", "dispatched"])
@@ -117,7 +117,7 @@ def test_a_retired_lead_is_brought_back_while_a_collection_is_owed_to_it(store: 
     store.enqueue([("robust", A.id)], origin="backfill:1", priority_class="backfill", now=T0)
     if state == "dispatched":
         store.dispatch("robust", limit=10, now=T0)
-    assert store.leads_to_revive(limit=100) == [A.id]
+    assert store.leads_to_revive(limit=100) == {A.id: A.partition_key}
 
 
 def test_a_retired_lead_keeps_its_collections_and_cases(store: StateStore) -> None:
