@@ -179,11 +179,9 @@ def _record_collection(conn: Connection, *, source: str, lead_id: str, outcome: 
         )
 
 
-
-
 def _add_to_total(conn: Connection, source: str, records: int, now: datetime) -> None:
-    """Add `records` to the source's running total, in the collection's own transaction (one row per
-    source, so a collection killed before its commit never counted)."""
+    """Add `records` to the source's running total (one row per source), in the collection's own
+    transaction: a collection killed before its commit is not counted."""
     totals = s.source_totals
     dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
     stmt = dialect_insert(totals).values(source=source, records=records, updated_at=now)
