@@ -42,13 +42,7 @@ DEMO_SLACK_PORT = 8900
 # around its leads: one "planned" event for the range instead of one per partition (measured on
 # SQLite: about 20 ms of CPU per lead at run creation), and the range's other partitions are not
 # marked failed when the batch fails.
-#
-# A daemon loop that raised (its database unreachable, say) waits this many seconds before it starts
-# again: Dagster's default of 5 s held the first sensor tick and the first run 5 s after Postgres was
-# back (bench.faults: first run 7.7-11.4 s after the database's return). 1 s still keeps a failing
-# loop from spinning.
-DAGSTER_ENV = {"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1",
-               "DAGSTER_DAEMON_CORE_LOOP_EXCEPTION_SLEEP_INTERVAL": "1"}
+DAGSTER_ENV = {"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1"}
 # `dagster dev` is what the card runs; its notice that `dg dev` supersedes it is not the user's to act on.
 DEV_QUIET_ENV = {"PYTHONWARNINGS": "ignore:Function `dev_command` is superseded"}
 
