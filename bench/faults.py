@@ -898,17 +898,20 @@ def analyse(fleet: Fleet, instance: Any, store: Any, deliveries: list[Delivery],
         retries = [r for r in runs if r.run_id != kill["run_id"] and r.tags.get("dagster/root_run_id") == root
                    and r.status == DagsterRunStatus.SUCCESS and _started(times, r) > kill["at"]]
         collectors = {colls.get((source, lead)) for lead in kill["owed"]}
+        # Another run of another handover stored what the killed one owed (whatever that run's own end:
+        # one that stored them and then failed, in a Postgres outage say, still stored them).
         others = [by_id[rid] for rid in collectors if rid in by_id and rid != kill["run_id"]
-                  and by_id[rid].status == DagsterRunStatus.SUCCESS
                   and by_id[rid].tags.get("investigations/handover") != (killed.tags.get("investigations/handover")
                                                                          if killed else None)]
         owed_settled = all((source, lead) in ok or (source, lead) in dead for lead in kill["owed"])
-        via = "dagster_retry" if retries else "new_handover" if others else None
+        kept = [lead for lead in kill["owed"] if colls.get((source, lead)) == kill["run_id"]]
+        # Killed after writing: what it owed may all be stored already, and nothing is left to recover.
+        via = ("dagster_retry" if retries else "new_handover" if others
+               else "stored_before_death" if kept and len(kept) == len(kill["owed"]) else None)
         recovered = failed and owed_settled and via is not None
         if recovered:
             entry["recovered"] += 1
             entry[f"via_{via}"] += 1
-        kept = [lead for lead in kill["owed"] if colls.get((source, lead)) == kill["run_id"]]
         entry["lead_stored_by_the_killed_run"] += bool(kept)
         kills_out.append({**kill, "status_at_end": killed.status.value if killed else None, "recovered": recovered,
                           "via": via, "retries_succeeded": [r.run_id for r in retries],
@@ -1066,8 +1069,10 @@ def report(results: dict[str, Any]) -> None:
 
 
 def _ev(entry: dict[str, int]) -> str:
+    stored = entry.get("via_stored_before_death", 0)
     return (f"{entry.get('killed', 0)} / {entry.get('recovered', 0)} "
-            f"({entry.get('via_dagster_retry', 0)}+{entry.get('via_new_handover', 0)})")
+            f"({entry.get('via_dagster_retry', 0)}+{entry.get('via_new_handover', 0)}"
+            + (f", {stored} stored all it owed before it died" if stored else "") + ")")
 
 
 def _pg(event: dict[str, Any] | None) -> str:
