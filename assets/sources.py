@@ -317,13 +317,11 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
         if key not in context.selected_asset_keys:
             # The check alone: judge what is stored, without asking the source again.
             baselines = Baselines(fleet.store, spec)
-            partitions = fleet.store.partition_keys_of(lead_ids)
             for lead_id in lead_ids:
                 stored = fleet.store.collection(spec.name, lead_id)
-                lead = fleet.store.get_lead(lead_id)
+                lead, partition = fleet.store.get_lead_keyed(lead_id) or (None, lead_id)
                 fields = json.loads(stored.common_fields) if stored and stored.common_fields else []
                 verdict = baselines.judge(lead_id, lead.kind if lead else "", stored.records if stored else 0, fields)
-                partition = partitions.get(lead_id, lead_id)
                 yield empty_check(spec, partition, verdict, [], latest_materialization(context.instance, key, partition))
             return
         background = is_background(context.run.tags)

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, and_, case, delete, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from investigations.store import schema as s
 from investigations.store.queue import finish_dispatched_rows
-from investigations.store.sql import Tables, upsert, utcnow
+from investigations.store.sql import Tables, dialect_insert, upsert, utcnow
 from investigations.store.visits import record_visit
 
 
@@ -183,7 +182,6 @@ def _add_to_total(conn: Connection, source: str, records: int, now: datetime) ->
     """Add `records` to the source's running total (one row per source), in the collection's own
     transaction: a collection killed before its commit is not counted."""
     totals = s.source_totals
-    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    stmt = dialect_insert(totals).values(source=source, records=records, updated_at=now)
+    stmt = dialect_insert(conn, totals).values(source=source, records=records, updated_at=now)
     conn.execute(stmt.on_conflict_do_update(index_elements=["source"], set_={
         "records": totals.c.records + stmt.excluded.records, "updated_at": stmt.excluded.updated_at}))

@@ -36,10 +36,14 @@ class Tables:
                 yield conn
 
 
+def dialect_insert(conn: Connection, table: Table) -> Any:
+    """An INSERT on `table` with the dialect's ON CONFLICT clauses (Postgres' or SQLite's)."""
+    return (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(table)
+
+
 def insert_new(conn: Connection, table: Table, rows: list[dict[str, Any]], *, keys: list[str]) -> list[Any]:
     """Insert rows whose key is new; return the primary keys of the rows actually inserted."""
-    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    stmt = dialect_insert(table).on_conflict_do_nothing(index_elements=keys).returning(*table.primary_key.columns)
+    stmt = dialect_insert(conn, table).on_conflict_do_nothing(index_elements=keys).returning(*table.primary_key.columns)
     return [row[0] for row in conn.execute(stmt, rows)]
 
 
@@ -47,8 +51,7 @@ def upsert(conn: Connection, table: Table, rows: list[dict[str, Any]], *, keys: 
     """Insert rows; on a key conflict update `update` columns, or leave the row alone when empty."""
     if not rows:
         return
-    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    stmt = dialect_insert(table)
+    stmt = dialect_insert(conn, table)
     if update:
         stmt = stmt.on_conflict_do_update(index_elements=keys, set_={c: stmt.excluded[c] for c in update})
     else:

@@ -19,6 +19,7 @@ from investigations.evidence.signing import (
     DIGEST_FILE,
     KEY_ENV,
     PASSPHRASE_ENV,
+    DigestCheck,
     SigningError,
     check_digest,
     fingerprint,
@@ -68,7 +69,7 @@ def test_the_signed_digest_has_wacz_signings_shape_and_a_signature_any_ecdsa_ver
 def test_an_unsigned_digest_checks_the_manifest_and_names_no_key(package: Path) -> None:
     write_digest(package, MANIFEST, software="s", version="1")
     assert "signedData" not in json.loads((package / DIGEST_FILE).read_text())
-    assert check_digest(package, MANIFEST) == check_digest(package, MANIFEST).__class__(problems=[])
+    assert check_digest(package, MANIFEST) == DigestCheck(problems=[])
     (package / MANIFEST).write_text("{}")
     (problem,) = check_digest(package, MANIFEST).problems
     assert problem.startswith(f"{DIGEST_FILE}: {MANIFEST} hashes to sha256:")
