@@ -92,16 +92,18 @@ class RunWork(Generic[Outcome]):
                 if self._open:
                     self._renew()
                 while True:
-                    while self._pending and len(running) < self._concurrency:
-                        lead = self._pending.popleft()
-                        running[pool.submit(self._collect, lead)] = lead
+                    self._fill(pool, running)
                     if not running and not self._open:
                         return
                     if running:
                         done, _ = wait(running, timeout=POLL_S if self._open else None, return_when=FIRST_COMPLETED)
-                        for future in done:
-                            lead = running.pop(future)
-                            self.idle = not running and not self._pending
+                        finished = [(running.pop(future), future) for future in done]
+                        # The freed threads take their next leads before the outcomes go back: the
+                        # caller's work on each (Dagster storing its events) then runs beside their
+                        # next collections instead of holding those threads idle until it returns.
+                        self._fill(pool, running)
+                        for n, (lead, future) in enumerate(finished, start=1):
+                            self.idle = not running and not self._pending and n == len(finished)
                             yield lead, future.result()
                     else:
                         self._sleep(POLL_S)  # open, nothing to do: wait for a joined lead
@@ -119,6 +121,12 @@ class RunWork(Generic[Outcome]):
             finally:
                 if self._open:
                     self._store.close_collector(self._key)
+
+    def _fill(self, pool: ThreadPoolExecutor, running: dict[Future[Outcome], str]) -> None:
+        """Start waiting leads until `concurrency` are in flight."""
+        while self._pending and len(running) < self._concurrency:
+            lead = self._pending.popleft()
+            running[pool.submit(self._collect, lead)] = lead
 
     def _keep_open(self, now: float, *, started: float, last_busy: float, next_look: float,
                    next_renewal: float) -> tuple[float, float]:

@@ -112,3 +112,19 @@ def test_a_run_says_it_is_idle_with_the_outcome_that_left_nothing_in_flight_or_w
     idle = [(lead, work.idle) for lead, _ in work.outcomes()]
     # Idle at the last lead, before the open run's linger: what waits for a group goes out then.
     assert idle == [("a", False), ("b", False), ("c", True)]
+
+
+def test_a_freed_thread_starts_its_next_lead_before_the_outcome_goes_back(store) -> None:
+    # The caller's work on an outcome (Dagster storing its events) must not hold the thread idle.
+    rows = _handed_over(store, ["a", "b"])
+    started = {lead: threading.Event() for lead in ("a", "b")}
+
+    def collect(lead: str) -> str:
+        started[lead].set()
+        return lead
+
+    outcomes = _work(store, ["a", "b"], rows, collect).outcomes()
+    assert next(outcomes) == ("a", "a")
+    # The generator is paused at a's outcome: b was already handed to the freed thread.
+    assert started["b"].wait(timeout=5.0)
+    assert list(outcomes) == [("b", "b")]
