@@ -36,6 +36,7 @@ from investigations.identities.pool import IdentityPool, Lease
 from investigations.net.guard import Resolver, system_resolve
 from investigations.net.pinning import PinnedTransport
 from investigations.net.redaction import register_secret
+from investigations.net.tls import shared_tls_context
 from investigations.store import schema as s
 from investigations.store.sql import upsert
 from investigations.store.state import StateStore
@@ -210,8 +211,10 @@ class Sessions:
         # unseen. Without a given transport (tests give one), direct connections go through the
         # pinned transport: the name is resolved once and a checked address is dialled.
         self._direct = IdentitySession(identity_id=direct_id, proxied=False, client=httpx.Client(
-            transport=transport if transport is not None else PinnedTransport(resolve=resolve),
-            follow_redirects=False, trust_env=False, headers={"User-Agent": user_agent}))
+            transport=transport if transport is not None else PinnedTransport(resolve=resolve,
+                                                                              verify=shared_tls_context()),
+            verify=shared_tls_context(), follow_redirects=False, trust_env=False,
+            headers={"User-Agent": user_agent}))
         self._clients: dict[str, httpx.Client] = {}
         self._lock = threading.Lock()
 
@@ -245,10 +248,11 @@ class Sessions:
                 # Through a proxy the proxy resolves the target; a direct identity is pinned.
                 transport = self._transport
                 if transport is None and proxy is None:
-                    transport = PinnedTransport(resolve=self._resolve)
+                    transport = PinnedTransport(resolve=self._resolve, verify=shared_tls_context())
                 client = httpx.Client(
                     transport=transport,  # only where no proxy is set: a proxy mount takes precedence
                     proxy=proxy,
+                    verify=shared_tls_context(),
                     follow_redirects=False,
                     trust_env=False,
                     headers=identity.fingerprint.ordered_headers(),
