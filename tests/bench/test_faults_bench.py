@@ -56,7 +56,7 @@ def _figures(**changes: Any) -> dict[str, Any]:
         "evidence": {w: {"recovered": 1} for w in ("launch", "step", "after_write")},
         "config": {"pg_restarts": 2},
         "postgres_outages": [{"intake_back_after_s": 1.0, "first_sensor_tick_after_s": 4.0,
-                              "first_run_started_after_s": 6.0}] * 2,
+                              "first_run_launched_after_s": 5.0, "first_run_started_after_s": 9.0}] * 2,
         "rss": {"daemon": {"judged": 1, "max_growth": 0.04, "processes": [{}]},
                 "intake": {"judged": 1, "max_growth": 0.02, "processes": [{}]}},
     }
@@ -70,18 +70,27 @@ def test_a_soak_passes_when_every_process_is_back_in_time_and_memory_holds() -> 
 
 @pytest.mark.parametrize("change", [
     {"postgres_outages": [{"intake_back_after_s": 1.0, "first_sensor_tick_after_s": 12.0,
-                           "first_run_started_after_s": 6.0}] * 2},
+                           "first_run_launched_after_s": 5.0}] * 2},
     {"postgres_outages": [{"intake_back_after_s": 1.0, "first_sensor_tick_after_s": 4.0,
-                           "first_run_started_after_s": None}] * 2},
+                           "first_run_launched_after_s": 11.0}] * 2},
     {"postgres_outages": [{"intake_back_after_s": 1.0, "first_sensor_tick_after_s": 4.0,
-                           "first_run_started_after_s": 6.0}]},
+                           "first_run_launched_after_s": None}] * 2},
+    {"postgres_outages": [{"intake_back_after_s": 1.0, "first_sensor_tick_after_s": 4.0,
+                           "first_run_launched_after_s": 5.0}]},
     {"rss": {"daemon": {"judged": 1, "max_growth": 0.12, "processes": [{}]},
              "intake": {"judged": 1, "max_growth": 0.02, "processes": [{}]}}},
     {"rss": {"daemon": {"judged": 0, "max_growth": None, "processes": [{}]},
              "intake": {"judged": 1, "max_growth": 0.02, "processes": [{}]}}},
-], ids=["a sensor tick late", "no run after a return", "one restart short", "daemon memory grew",
+], ids=["a sensor tick late", "a run launched late", "no run after a return", "one restart short", "daemon memory grew",
         "daemon memory never judged"])
 def test_a_soak_fails_on_a_late_return_missing_restart_or_memory_growth(change: dict[str, Any]) -> None:
     result = verdict(_figures(**change), postgres=True, soak=True)
     assert not result["passed"]
     assert verdict(_figures(**change), postgres=True, soak=False)["passed"]  # the fault suite does not judge them
+
+
+def test_a_run_worker_slow_to_start_after_a_return_does_not_fail_the_soak() -> None:
+    # The daemon launched a run 5 s after Postgres came back; its new worker started 14 s after.
+    outages = [{"intake_back_after_s": 1.0, "first_sensor_tick_after_s": 4.0, "first_run_launched_after_s": 5.0,
+                "first_run_started_after_s": 14.0}] * 2
+    assert verdict(_figures(postgres_outages=outages), postgres=True, soak=True)["passed"]
