@@ -669,10 +669,11 @@ def run_backend(backend: str, args: Any, workdir: Path) -> dict[str, Any]:
         next_kill = time.time() + rng.uniform(0.3, 1.0) * kill_gap_s
         # The daemon kills from 35 % of the sending on, the code server at 40 %, the Postgres
         # crashes from 50 %; several of one kind are spread evenly over what is left. A crash of
-        # Postgres waits SETTLE_S after the code server's replacement, the daemon's last restart and
-        # its own last return, and a daemon kill SETTLE_S after Postgres' last return: what comes back after the
-        # database's return is then the database's recovery, not a code server's replacement (at
-        # the daemon's next workspace refresh, up to a minute) or a daemon's start.
+        # Postgres waits SETTLE_S after the code server's replacement, the daemon's last restart
+        # and its own last return, and a daemon kill SETTLE_S after Postgres' last return: what
+        # comes back after the database's return is then the database's recovery, not a code
+        # server's replacement (at the daemon's next workspace refresh, up to a minute) or a
+        # daemon's start.
         daemon_due = spread(0.35, args.daemon_kills, len(deliveries))
         postgres_due = spread(0.5, args.pg_restarts if pg is not None else 0, len(deliveries))
         code_server_at = 0.4 * len(deliveries)
