@@ -21,9 +21,11 @@ class Lanes:
 
     def __init__(self, wait_s: float = 0.5, granted: bool = True) -> None:
         self.wait_s, self.granted, self.reserved = wait_s, granted, 0
+        self.horizons: list[float | None] = []
 
     def reserve(self, lanes, *, max_wait_s: float, max_ahead_intervals: float | None = None) -> Reservation:
         self.reserved += 1
+        self.horizons.append(max_ahead_intervals)
         return Reservation(granted=self.granted, wait_s=self.wait_s)
 
     def think_s(self, period_s: float) -> float:
@@ -80,3 +82,15 @@ def test_lanes_that_stay_full_past_the_parking_time_raise_lane_full() -> None:
     waiter = LaneWaiter(lanes, sleep=time.sleep, clock=time.clock)  # type: ignore[arg-type]
     with pytest.raises(LaneFull):
         waiter.wait(SPEC, _lanes(), None)
+
+
+@pytest.mark.parametrize(("rate", "intervals"), [(30.0, 4.5), (10.0, 1.5), (2.0, 1.0)])
+def test_background_work_books_an_interval_ahead_or_a_fixed_time_on_a_fast_source(rate: float, intervals: float
+                                                                                   ) -> None:
+    # On a fast source one interval is too close for a batch's threads to keep the next slot taken.
+    spec = SPEC.model_copy(update={"rate": SPEC.rate.model_copy(update={"source_per_s": rate})})
+    time, lanes = FakeTime(), Lanes()
+    waiter = LaneWaiter(lanes, sleep=time.sleep, clock=time.clock)  # type: ignore[arg-type]
+    waiter.wait(spec, _lanes(), None, background=True)
+    waiter.wait(spec, _lanes(), None)  # a fresh lead's request books without a horizon
+    assert lanes.horizons == [pytest.approx(intervals), None]
