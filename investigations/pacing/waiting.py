@@ -3,7 +3,8 @@ identity's lanes (the lanes themselves, shared by every process, are `RateLanes`
 
 Three rules live here, each with its reason:
 - background work (recurring crawls, backfills) books a slot at most BACKGROUND_AHEAD_INTERVALS
-  (and at least BACKGROUND_AHEAD_S) ahead, so the later slots stay free for fresh leads, which book without a horizon;
+  (and at least BACKGROUND_AHEAD_S) ahead, so the later slots stay free for fresh leads, which
+  book without a horizon;
 - a process's background requests for one source ask the lanes one at a time (the source's gate):
   standing back means asking again when a slot comes near, and a batch's threads all asking at
   every slot would cost a transaction each;
@@ -41,12 +42,6 @@ BACKGROUND_AHEAD_INTERVALS = 1.0
 # at 30 r/s on the product bench, 150 s: 0.968 of the ceiling with 3 threads, 0.907 with 5; 0.987
 # with 5 and 4 intervals). A fresh lead then waits this long more at most.
 BACKGROUND_AHEAD_S = 0.15
-
-
-def background_ahead_intervals(spec: SourceSpec) -> float:
-    """How many intervals ahead a background request of `spec` may book: BACKGROUND_AHEAD_INTERVALS,
-    or as many as BACKGROUND_AHEAD_S holds at the source's rate."""
-    return max(BACKGROUND_AHEAD_INTERVALS, BACKGROUND_AHEAD_S * spec.rate.source_per_s)
 # An identity's turns on a shared source lane are tracked only while it sends within this many of
 # the source's intervals of its last send.
 TURN_MAX_INTERVALS = 20
@@ -57,6 +52,12 @@ TURN_BEHIND_INTERVALS = 1.5
 # does so at most MAX_REBOOKS times (a process that is always late must still send).
 LATE_INTERVALS = 1.0
 MAX_REBOOKS = 3
+
+
+def background_ahead_intervals(spec: SourceSpec) -> float:
+    """How many intervals ahead a background request of `spec` may book: BACKGROUND_AHEAD_INTERVALS,
+    or as many as BACKGROUND_AHEAD_S holds at the source's rate."""
+    return max(BACKGROUND_AHEAD_INTERVALS, BACKGROUND_AHEAD_S * spec.rate.source_per_s)
 
 
 class LaneFull(Exception):
