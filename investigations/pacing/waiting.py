@@ -37,10 +37,12 @@ log = logging.getLogger(__name__)
 # Background work books a lane's slot at most this many intervals ahead, so a busy lane's queue is
 # never a batch's: a fresh lead's request waits a slot or two, not behind every waiting batch thread.
 BACKGROUND_AHEAD_INTERVALS = 1.0
-# ... and at least this long ahead: on a fast source one interval is a few tens of milliseconds, too
-# close for a batch's threads, one booking at a time, to keep the lane's next slot taken (measured
-# at 30 r/s on the product bench, 150 s: 0.968 of the ceiling with 3 threads, 0.907 with 5; 0.987
-# with 5 and 4 intervals). A fresh lead then waits this long more at most.
+# ... or as many intervals as this long holds at the source's configured rate: on a fast source one
+# interval is a few tens of milliseconds, too close for a batch's threads, one booking at a time, to
+# keep the lane's next slot taken (measured at 30 r/s on the product bench, 150 s: 0.968 of the
+# ceiling with 3 threads, 0.907 with 5; 0.987 with 5 and 4 intervals). The horizon counts the
+# binding lane's intervals: on the source lane at its configured rate it is this long; on a slower
+# lane (an identity's, or one AIMD slowed) it is longer in seconds by as much.
 BACKGROUND_AHEAD_S = 0.15
 # An identity's turns on a shared source lane are tracked only while it sends within this many of
 # the source's intervals of its last send.
