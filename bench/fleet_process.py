@@ -106,6 +106,13 @@ def descendants(root: int, table: Mapping[int, ProcStat]) -> list[int]:
 _ROLE_CACHE: dict[tuple[int, int], str] = {}
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def role_of(stat: ProcStat) -> str:
     """What a process of the fleet is, from its command line (cached per process)."""
     if stat.key in _ROLE_CACHE:
@@ -122,6 +129,10 @@ def role_of(stat: ProcStat) -> str:
         role = "run log capture"  # per run: `tail -F` + a Python watcher for stdout and for stderr
     elif "multiprocessing.spawn" in cmd or "execute_run" in cmd or "execute_step" in cmd:
         role = "run worker"
+    elif "multiprocessing.forkserver" in cmd:
+        # The fleet's run launcher forks each run worker from its template process, so both show the
+        # template's command line: a worker is a child of the template.
+        role = "run worker" if "multiprocessing.forkserver" in _cmdline(stat.ppid) else "run launcher template"
     elif "api grpc" in cmd or "code-server" in cmd or "code_server" in cmd or "resource_tracker" in cmd:
         role = "code server"
     elif " dev " in cmd and "dagster" in cmd:

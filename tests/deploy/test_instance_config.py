@@ -72,9 +72,16 @@ def test_the_deployed_instance_runs_with_the_projects_own_section(section: str) 
         f"deploy/dagster.yaml's {section}: differs from dagster.yaml's; change both together")
 
 
+# The project's warm run launcher forks run workers on the daemon's machine: a deployment runs them
+# where the code location is (its code server, or a container or pod of their own) instead.
+ONE_MACHINE_ONLY = ("run_launcher",)
+
+
 def test_the_deployed_instance_is_the_projects_plus_its_storage_and_nothing_else() -> None:
     project, deployed = load_yaml(ROOT / "dagster.yaml"), load_yaml(DEPLOY / "dagster.yaml")
-    assert {k: v for k, v in deployed.items() if k != "storage"} == project
+    assert {k: v for k, v in deployed.items() if k != "storage"} == {
+        k: v for k, v in project.items() if k not in ONE_MACHINE_ONLY}
+    assert "run_launcher" not in deployed  # Dagster's default: the code server starts each run worker
     assert "storage" not in project  # the embedded default keeps Dagster's SQLite under DAGSTER_HOME
 
 
@@ -103,7 +110,8 @@ def test_the_charts_run_coordinator_is_the_run_queue_of_dagster_yaml() -> None:
     assert checked.success, checked.errors
 
 
-@pytest.mark.parametrize("section", [s for s in load_yaml(ROOT / "dagster.yaml") if s != "run_queue"])
+@pytest.mark.parametrize("section", [s for s in load_yaml(ROOT / "dagster.yaml")
+                                     if s != "run_queue" and s not in ONE_MACHINE_ONLY])
 def test_the_charts_instance_has_each_other_section_of_dagster_yaml(section: str) -> None:
     assert _chart().get(section) == load_yaml(ROOT / "dagster.yaml")[section], (
         f"deploy/helm/values.yaml does not give the chart dagster.yaml's {section}:")

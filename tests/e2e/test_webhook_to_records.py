@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 from dagster import AssetCheckKey, DagsterRunStatus, RunsFilter
@@ -13,6 +15,7 @@ from investigations.intake.leads import normalize_lead
 from investigations.scheduling.priority import CASE_TAG
 from investigations.store import StateStore
 from resources.dagster_internals import AssetCheckExecutionRecordStatus
+from resources.run_launcher import WORKER_TAG
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +48,9 @@ def test_a_signed_case_goes_out_as_one_run_whose_leads_each_get_a_materializatio
     )
     assert run.status == DagsterRunStatus.SUCCESS
     assert run.tags["dagster/priority"] == "100" and run.tags["investigations/batch_size"] == "3"
+    # Its worker was forked by the fleet's run launcher on this machine, and announced itself.
+    worker = json.loads(run.tags[WORKER_TAG])
+    assert any(entry.message == f"Started process for run (pid: {worker['pid']})." for entry in instance.all_logs(run.run_id))
     key = source_asset_key("robust")
     # Each lead's partition is keyed by its value, as the UI's partition filter finds it.
     assert partition_keys == {"domain:northwind-traders.example", "domain:contoso.example", "username:robin_example"}

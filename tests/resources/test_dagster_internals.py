@@ -39,8 +39,11 @@ from sqlalchemy.engine import make_url
 from resources.dagster_internals import (
     AssetCheckEvaluationTargetMaterializationData,
     AssetCheckExecutionRecordStatus,
+    CheckRunHealthResult,
     HeldShards,
+    LaunchRunContext,
     UnresolvedAssetJobDefinition,
+    WorkerStatus,
     delete_partition_keys,
     hold_connections_for_the_run,
     read_migration_scripts_once,
@@ -122,10 +125,22 @@ def test_hook_partition_status_finds_the_function_the_ui_rebuilds_a_status_with(
         "warm_partition_status: the status cache no longer names the partition keys it was made for"
 
 
+def test_hook_execute_run_here_finds_the_body_of_dagster_s_execute_run_command() -> None:
+    from dagster._cli.api import _execute_run_command_body, execute_run_command
+
+    assert _required(_execute_run_command_body) == ["run_id", "instance", "write_stream_fn", "set_exit_code_on_failure"], \
+        "execute_run_here: _execute_run_command_body's parameters changed"
+    assert "_execute_run_command_body(" in inspect.getsource(execute_run_command.callback), \
+        "execute_run_here: `dagster api execute_run` no longer runs a run through _execute_run_command_body"
+
+
 def test_the_private_types_are_still_where_they_are_imported_from() -> None:
     assert AssetCheckExecutionRecordStatus.FAILED.value == "FAILED"
     assert {"storage_id", "run_id", "timestamp"} <= set(AssetCheckEvaluationTargetMaterializationData._fields)
     assert isinstance(dagster.define_asset_job("probe"), UnresolvedAssetJobDefinition)
+    assert {"dagster_run", "workspace"} <= set(LaunchRunContext._fields)
+    assert {"status", "msg", "run_worker_id"} <= set(CheckRunHealthResult._fields)
+    assert {WorkerStatus.RUNNING.value, WorkerStatus.FAILED.value} == {"RUNNING", "FAILED"}
 
 
 def _admin(sql: str, **params: object) -> list[tuple]:
