@@ -45,14 +45,36 @@ def target(state: AimdState, spec: ThrottleSpec) -> float:
     return state.ceiling_factor * (1.0 - spec.ceiling_margin)
 
 
-def on_throttle(state: AimdState, now: float, spec: ThrottleSpec) -> AimdState:
-    """The lane after a throttle signal: one cut per episode, remembering the factor it hit."""
+def on_throttle(state: AimdState, now: float, spec: ThrottleSpec, *, fair_share: float = 0.0) -> AimdState:
+    """The lane after a throttle signal: one cut per episode, remembering the factor it hit.
+
+    `fair_share` (an identity's lane; 0 for the others): the factor at which this identity sends its
+    share of what the source's shared lane lets through, among the source's identities. A refusal
+    of an identity that sends no more than that says nothing about its own limit: a site-wide limit
+    refuses whoever asks next. It is marked (`last_cut_s`, so the source's other identities'
+    refusals corroborate it and cut the shared lane) but neither slows the identity nor lowers its
+    ceiling, and a cut never takes the identity below its share. Without this, eight identities
+    under a site-wide limit were each cut again and again for the site's refusals and walked down,
+    each cut remembered as a lower ceiling, to half the site's rate in all over ten minutes
+    (`bench.product`, limits configured 2x too high)."""
     # Within cut_hold_s of a cut: answers to requests sent at the old rate, already paid for.
     if in_cut_hold(state, now, spec):
         return state
+    if state.rate_factor <= fair_share:
+        return replace(state, last_cut_s=now)
     # The factor that was throttled is the ceiling; the cut itself is plain multiplicative decrease.
-    return AimdState(rate_factor=decrease(state.rate_factor, spec), ceiling_factor=state.rate_factor,
+    return AimdState(rate_factor=max(decrease(state.rate_factor, spec), fair_share), ceiling_factor=state.rate_factor,
                      last_cut_s=now)
+
+
+def fair_share(*, shared_rate_per_s: float, identities: int, identity_rate_per_s: float) -> float:
+    """An identity lane's factor that sends `shared_rate_per_s / identities`: its share of what the
+    source's shared lane lets through now. 0 (no share to keep) when the identities at their
+    configured rates cannot fill the shared lane: a site-wide limit is then not what refuses them,
+    so a refusal is the identity's own."""
+    if identities < 1 or identity_rate_per_s <= 0 or shared_rate_per_s >= identities * identity_rate_per_s:
+        return 0.0
+    return shared_rate_per_s / identities / identity_rate_per_s
 
 
 def on_success(state: AimdState, now: float, spec: ThrottleSpec) -> AimdState:

@@ -85,6 +85,16 @@ def _other_identities_cut(conn: Connection, identity: Sequence[LaneSpec], *, sin
     return int(cut or 0), int(total or 0)
 
 
+def _shared_rate_per_s(conn: Connection, shared: Sequence[LaneSpec]) -> float:
+    """What the request's shared lanes (the source's) let through now: the slowest one's configured
+    rate times its factor (a lane without a row yet runs at its configured rate); 0 without any."""
+    if not shared:
+        return 0.0
+    factors = dict(conn.execute(select(_T.c.lane, _T.c.rate_factor).where(
+        _T.c.lane.in_([lane.name for lane in shared]))).tuples().all())
+    return min(lane.rate_per_s * float(factors.get(lane.name, 1.0)) for lane in shared)
+
+
 def identity_lane(spec: SourceSpec, identity_id: str) -> LaneSpec:
     """The lane of one identity on one source: what the source sees from that one visitor."""
     return LaneSpec(identity_lane_name(spec.name, identity_id), spec.rate.identity_per_s, spec.rate.identity_burst,
@@ -277,6 +287,8 @@ class RateLanes:
             first = aimd.AimdState()  # a lane's first row, when the feedback comes before any reservation
             factor, ceiling, last_cut = _T.c.rate_factor, _T.c.ceiling_factor, _T.c.last_cut_s
             cuts_shared = True
+            # An identity lane's own statement and first row, where they differ from the shared lanes'.
+            own: dict[str, tuple[dict[str, Any], aimd.AimdState]] = {}
             if throttled:  # the SQL twin of aimd.on_throttle
                 held = now - last_cut < throttle.cut_hold_s
                 cut = greatest(throttle.min_factor, factor * throttle.decrease_factor)
@@ -284,10 +296,22 @@ class RateLanes:
                 changes["ceiling_factor"] = case((held, ceiling), else_=factor)
                 changes["last_cut_s"] = case((held, last_cut), else_=now)
                 first = aimd.on_throttle(first, now, throttle)
-                if identity and throttle.corroborate_s > 0 and floor is None:
+                if identity:
                     others_cut, others = _other_identities_cut(conn, identity, since_s=now - throttle.corroborate_s)
-                    cuts_shared = aimd.cuts_shared_lanes(sent_as_identity=True, others_cut=others_cut, others=others,
-                                                         spec=throttle)
+                    if throttle.corroborate_s > 0 and floor is None:
+                        cuts_shared = aimd.cuts_shared_lanes(sent_as_identity=True, others_cut=others_cut,
+                                                             others=others, spec=throttle)
+                    shared_rate = _shared_rate_per_s(conn, [lane for lane in lanes if lane not in identity])
+                    for lane in identity:
+                        share = aimd.fair_share(shared_rate_per_s=shared_rate, identities=others + 1,
+                                                identity_rate_per_s=lane.rate_per_s)
+                        own[lane.name] = ({
+                            **changes,
+                            "rate_factor": case((held, factor), (factor <= share, factor),
+                                                else_=greatest(throttle.min_factor, share,
+                                                               factor * throttle.decrease_factor)),
+                            "ceiling_factor": case((held, ceiling), (factor <= share, ceiling), else_=factor),
+                        }, aimd.on_throttle(aimd.AimdState(), now, throttle, fair_share=share))
             elif succeeded:  # the SQL twin of aimd.on_success
                 goal = ceiling * (1.0 - throttle.ceiling_margin)
                 changes["rate_factor"] = case(
@@ -303,9 +327,10 @@ class RateLanes:
             for lane in _unique_sorted(lanes):
                 if not (cuts_shared or lane in identity):
                     continue  # a shared lane this throttle does not cut (there is no Retry-After floor to set)
+                lane_changes, lane_first = own.get(lane.name, (changes, first))
                 row = {"lane": lane.name, "tat_s": now, "not_before_s": floor or 0.0, "updated_at_s": now,
-                       **_aimd_columns(first)}
-                stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=changes)
+                       **_aimd_columns(lane_first)}
+                stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=lane_changes)
                 if throttled and lane in identity:
                     # The lane's last cut as the statement left it: now when this throttle cut it.
                     last_cut_after = conn.execute(stmt.returning(_T.c.last_cut_s)).scalar_one()

@@ -141,3 +141,26 @@ def test_cuts_shared_lanes(sent_as_identity: bool, others_cut: int, others: int,
     # The site said when to come back: every lane obeys, corroborated or not.
     assert aimd.cuts_shared_lanes(sent_as_identity=sent_as_identity, others_cut=others_cut, others=others,
                                   spec=spec, retry_after=True) is True
+
+
+def test_a_throttle_at_or_under_the_fair_share_only_marks_the_lane() -> None:
+    state = AimdState(0.5, 0.8, LONG_AGO)
+    after = aimd.on_throttle(state, NOW, SPEC, fair_share=0.5)
+    assert (after.rate_factor, after.ceiling_factor, after.last_cut_s) == (0.5, 0.8, NOW)
+
+
+def test_a_cut_stops_at_the_fair_share() -> None:
+    after = aimd.on_throttle(AimdState(1.0, 1.0, LONG_AGO), NOW, SPEC, fair_share=0.6)
+    assert (after.rate_factor, after.ceiling_factor) == (0.6, 1.0)
+
+
+@pytest.mark.parametrize(("shared", "identities", "rate", "expected"), [
+    (30.0, 8, 10.0, 0.375),  # eight identities configured at 10 r/s under a site lane of 30
+    (30.0, 8, 5.0, 0.75),
+    (30.0, 4, 5.0, 0.0),  # together they cannot fill the site lane: a refusal is their own
+    (8.0, 1, 3.0, 0.0),
+    (0.0, 3, 5.0, 0.0),
+])
+def test_fair_share(shared: float, identities: int, rate: float, expected: float) -> None:
+    assert aimd.fair_share(shared_rate_per_s=shared, identities=identities, identity_rate_per_s=rate) == \
+        pytest.approx(expected)

@@ -561,7 +561,58 @@ def test_in_a_larger_pool_the_source_lane_is_cut_by_three_identities_throttled_w
     assert factors(lanes, SITE) == pytest.approx([1.0])
     clock.now += 1.0
     throttle_as(lanes, carol)
-    assert factors(lanes, SITE, ALICE, BOB, carol, dave) == pytest.approx([0.5, 0.5, 0.5, 0.5, 1.0])
+    # Each identity's cut stops at its share of the site lane as it was (8 r/s over four identities
+    # of 3 r/s: 2/3), not at the plain halving.
+    assert factors(lanes, SITE, ALICE, BOB, carol, dave) == pytest.approx([0.5, 2 / 3, 2 / 3, 2 / 3, 1.0])
+
+
+def _pool_of_four(lanes: RateLanes) -> list[LaneSpec]:
+    pool = [ALICE, BOB] + [LaneSpec(f"identity:site:{name}", rate_per_s=3.0, burst=2, guard_rhythm=True)
+                           for name in ("carol", "dave")]
+    for identity in pool:
+        waits(lanes, [SITE, identity], 1)
+    return pool
+
+
+def test_an_identity_refused_at_its_share_of_the_site_lane_is_neither_slowed_nor_given_a_lower_ceiling(
+    lanes: RateLanes, clock: FakeClock
+) -> None:
+    """A site-wide limit refuses whoever asks next: an identity sending no more than its share of
+    what the site lane lets through is not the one sending too fast."""
+    _pool_of_four(lanes)
+    throttle_as(lanes, ALICE)  # 1.0 -> its share, 2/3 (8 r/s over four identities of 3 r/s)
+    clock.now += 100.0  # long past the cut's hold and the corroboration window
+    throttle_as(lanes, ALICE)  # refused again at its share
+    state = lanes.state(ALICE.name)
+    assert state is not None
+    assert state.rate_factor == pytest.approx(2 / 3)
+    assert state.ceiling_factor == pytest.approx(1.0)  # the first cut's; not lowered by the second
+    assert state.last_cut_s == clock.now  # the refusal is marked, for the other identities' to corroborate
+
+
+def test_refusals_of_identities_at_their_share_still_cut_the_site_lane_together(lanes: RateLanes,
+                                                                                clock: FakeClock) -> None:
+    pool = _pool_of_four(lanes)
+    for identity in pool[:3]:  # refused far apart: each its own limit, cut to its share
+        throttle_as(lanes, identity)
+        clock.now += THROTTLE.corroborate_s + 1.0
+    assert factors(lanes, SITE, *pool[:3]) == pytest.approx([1.0] + [2 / 3] * 3)
+    clock.now += 100.0
+    for identity in pool[:3]:  # at their shares now: not slowed, but three within seconds is the site
+        throttle_as(lanes, identity)
+        clock.now += 0.5
+    assert factors(lanes, SITE) == pytest.approx([0.5])
+    assert factors(lanes, *pool[:3]) == pytest.approx([2 / 3] * 3)
+
+
+def test_an_identity_that_cannot_fill_the_site_lane_is_cut_by_its_refusals_alone(lanes: RateLanes,
+                                                                                 clock: FakeClock) -> None:
+    """One identity of 3 r/s under a site lane of 8: its refusals are its own limit's."""
+    waits(lanes, [SITE, ALICE], 1)
+    for _ in range(3):
+        throttle_as(lanes, ALICE)
+        clock.now += 100.0
+    assert factors(lanes, ALICE) == pytest.approx([0.125])
 
 
 def test_an_identity_of_another_source_throttled_does_not_corroborate(lanes: RateLanes) -> None:
