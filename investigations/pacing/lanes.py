@@ -260,7 +260,9 @@ class RateLanes:
         address among several; not the fleet's own direct address, the only one it has without a
         pool) cuts that identity's lane, and the source's shared lanes only when enough other
         identities of the source were cut within `corroborate_s` (`corroborate_identities` in all)
-        or the answer carried a Retry-After (`aimd.cuts_shared_lanes`). A Retry-After is a hard
+        or the answer carried a Retry-After (`aimd.cuts_shared_lanes`). An identity refused while it
+        sends no more than its share of the shared lanes is not slowed by it, and no cut takes it
+        below that share (`aimd.fair_share`, `aimd.on_throttle`). A Retry-After is a hard
         floor on every lane: nothing leaves it before now + retry_after_s, whatever burst is left,
         even when the signal falls in the hold after a cut.
 
