@@ -93,13 +93,14 @@ PRELOAD = (
 WATCH_S = 0.5
 
 
-def _clock_ticks_since_boot(pid: int) -> int | None:
-    """A process's start time (field 22 of /proc/<pid>/stat), None where it is gone or unknown."""
+def _proc_state(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and start time in clock ticks since boot (fields 3 and 22 of
+    /proc/<pid>/stat), None where it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    return fields[0], int(fields[19])
 
 
 def _run_worker(run_id: str, instance_ref: str) -> None:
@@ -146,7 +147,8 @@ class WarmRunLauncher(DefaultRunLauncher):
         pid = worker.pid
         assert pid is not None
         self._instance.add_run_tags(run.run_id, {
-            WORKER_TAG: json.dumps({"host": self._host, "pid": pid, "start": _clock_ticks_since_boot(pid)}),
+            WORKER_TAG: json.dumps({"host": self._host, "pid": pid,
+                                    "start": state[1] if (state := _proc_state(pid)) else None}),
         })
         with self._lock:
             self._workers[run.run_id] = worker
@@ -260,12 +262,8 @@ def _worker_of(run: DagsterRun) -> dict[str, Any] | None:
 
 def _alive(where: Mapping[str, Any]) -> bool:
     """Whether the worker the tag names still runs: its pid, with the same start time, not a zombie."""
-    pid = where["pid"]
-    started = _clock_ticks_since_boot(pid)
-    if started is None or (where.get("start") is not None and started != where["start"]):
+    found = _proc_state(where["pid"])
+    if found is None:
         return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    state, started = found
+    return state != "Z" and (where.get("start") is None or started == where["start"])
