@@ -44,8 +44,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         resources["slack"] = FleetSlack(token=EnvVar(SLACK_TOKEN_ENV),
                                         channel=os.environ.get("INVESTIGATIONS_SLACK_CHANNEL") or "#investigations",
                                         api_url=os.environ.get("INVESTIGATIONS_SLACK_API_URL") or SLACK_API_URL)
-        ui_url = os.environ.get("INVESTIGATIONS_UI_URL") or f"http://127.0.0.1:{settings.ui_port}"
-        alerts.append(build_slack_alerts_sensor(catalog, ui_url=ui_url))
+        alerts.append(build_slack_alerts_sensor(catalog, ui_url=settings.ui_url))
         alerts.append(build_case_digest_sensor(period_s=settings.digest_period_s))
     return Definitions(
         assets=[*(build_source_asset(spec) for spec in catalog.sources), dead_letters, fleet_health,

@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
                             help="how often each source looks at each lead: its changes a day, next due, and why")
     leads_list.add_argument("--json", action="store_true")
     leads_list.set_defaults(func=_leads_list)
+    leads_runs = leads_sub.add_parser(
+        "runs", help="the Dagster runs that collected a lead (batches and UI backfills included), with a link "
+        "to the Runs page showing just them")
+    leads_runs.add_argument("lead", help="kind:value (domain:example.com) or a lead id")
+    leads_runs.add_argument("--source", help="only this source's runs")
+    leads_runs.add_argument("--json", action="store_true")
+    leads_runs.set_defaults(func=_leads_runs)
     leads_add = leads_sub.add_parser("add", help="register a lead, or every lead of a file, in a case "
                                      "(no collection is queued)")
     leads_add.add_argument("kind", nargs="?")
@@ -390,6 +397,35 @@ def _leads_list(args: argparse.Namespace) -> int:
             table.add_row(*head, source, coll["outcome"], str(coll["records"]),
                           coll["last_success_at"].isoformat(timespec="seconds") if found else "never")
     _print_table(table, whole=("lead", "kind", "source"))
+    return 0
+
+
+def runs_page_url(ui_url: str, run_ids: Sequence[str]) -> str:
+    """The Dagster UI's Runs page filtered to these runs: one `id:` token each, as the UI itself links
+    to the runs it just launched. Its tag filter matches whole values only, so a run of several leads
+    cannot be found there by one of them; this link is how the Runs page shows a lead's runs."""
+    from urllib.parse import urlencode
+
+    return f"{ui_url.rstrip('/')}/runs?" + urlencode([("q[]", f"id:{run_id}") for run_id in dict.fromkeys(run_ids)])
+
+
+def _leads_runs(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    lead_id = args.lead  # kind:value already made its id, and checked, by _check_filters
+    rows = _store(settings).runs_of_lead(lead_id, source=args.source)
+    url = runs_page_url(settings.ui_url, [row["run_id"] for row in rows]) if rows else None
+    if args.json:
+        print(json.dumps({"lead_id": lead_id, "runs": rows, "runs_page": url}, default=str, indent=2))
+        return 0
+    if not rows:
+        print(f"no run has collected {lead_id}" + (f" for {args.source}" if args.source else ""))
+        return 0
+    table = _table("source", "run", "first request (UTC)", "last request (UTC)", "requests", right=("requests",))
+    for row in rows:
+        table.add_row(row["source"], row["run_id"], f"{row['first_at']:%Y-%m-%d %H:%M:%S}",
+                      f"{row['last_at']:%Y-%m-%d %H:%M:%S}", str(row["requests"]))
+    _print_table(table, whole=("run",))
+    print(f"On the Runs page: {url}")
     return 0
 
 

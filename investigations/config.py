@@ -67,6 +67,13 @@ class Settings:
     # partitions after it was last registered or collected (`INVESTIGATIONS_RETIRE_AFTER`: 7d, 12h).
     # A case's leads retire a few minutes after the case closes, whatever this says.
     retire_after_s: float = DEFAULT_RETIRE_AFTER_S
+    # Where operators open the Dagster UI (`INVESTIGATIONS_UI_URL`), for the links in Slack alerts and
+    # the CLI; the embedded default is the local webserver `investigations up` starts.
+    ui_url: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.ui_url:
+            object.__setattr__(self, "ui_url", f"http://127.0.0.1:{self.ui_port}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -88,6 +95,7 @@ class Settings:
             digest_period_s=_duration_s(env, "INVESTIGATIONS_DIGEST_PERIOD", DEFAULT_DIGEST_PERIOD_S),
             recurring_every_s=_duration_s(env, "INVESTIGATIONS_RECURRING_EVERY", DEFAULT_RECURRING_EVERY_S),
             retire_after_s=_duration_s(env, "INVESTIGATIONS_RETIRE_AFTER", DEFAULT_RETIRE_AFTER_S),
+            ui_url=(env.get("INVESTIGATIONS_UI_URL") or "").rstrip("/"),
         )
 
     @classmethod

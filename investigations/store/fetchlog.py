@@ -52,6 +52,28 @@ class FetchLogTables(Tables):
         with self.engine.begin() as conn:
             return [dict(row) for row in conn.execute(query).mappings()]
 
+    def runs_of_lead(self, lead_id: str, *, source: str | None = None) -> list[dict[str, Any]]:
+        """Every Dagster run that collected the lead, oldest first: per (source, run), its first and last
+        request for the lead and how many it sent, from the fetch log (a run of one lead, a batch, a UI
+        backfill's run alike), and the run of the lead's latest collection per source even when it sent
+        nothing (a collection that failed before its first request)."""
+        fl, coll = s.fetch_log, s.collections
+        sent = (select(fl.c.source, fl.c.run_id, func.min(fl.c.at).label("first_at"),
+                       func.max(fl.c.at).label("last_at"), func.count().label("requests"))
+                .where(fl.c.lead_id == lead_id, fl.c.run_id.is_not(None))
+                .group_by(fl.c.source, fl.c.run_id))
+        latest = select(coll.c.source, coll.c.run_id, coll.c.last_attempt_at).where(
+            coll.c.lead_id == lead_id, coll.c.run_id.is_not(None))
+        if source:
+            sent, latest = sent.where(fl.c.source == source), latest.where(coll.c.source == source)
+        with self.reading() as conn:
+            rows = [dict(row) for row in conn.execute(sent).mappings()]
+            seen = {(row["source"], row["run_id"]) for row in rows}
+            rows += [{"source": row.source, "run_id": row.run_id, "first_at": row.last_attempt_at,
+                      "last_at": row.last_attempt_at, "requests": 0}
+                     for row in conn.execute(latest) if (row.source, row.run_id) not in seen]
+        return sorted(rows, key=lambda row: (row["first_at"], row["source"], row["run_id"]))
+
     def fleet_summary(self, *, since: datetime) -> list[dict[str, Any]]:
         """Per source since `since`: requests, outcome counts, mean latency, bytes, last request time."""
         fl = s.fetch_log

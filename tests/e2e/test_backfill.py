@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
 import pytest
-from dagster import DagsterRunStatus, RunsFilter
+from dagster import AssetRecordsFilter, DagsterRunStatus, RunsFilter
 
 from assets.naming import source_asset_key
 from investigations.cli import main
@@ -65,3 +66,15 @@ def test_leads_added_by_cli_and_intake_then_backfilled_run_in_whole_batches(flee
     assert {by_intake.partition_key, *(lead.partition_key for lead in by_cli)} <= partitions
     materialized = instance.get_materialized_partitions(source_asset_key("quiet"))
     assert {lead.partition_key for lead in by_cli} <= materialized
+
+    # The Runs page by a lead: the CLI names the batch run that Dagster says materialized the lead's
+    # partition, and links to the Runs page filtered to its runs.
+    lead = by_cli[0]
+    (record,) = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=source_asset_key("quiet"), asset_partitions=[lead.partition_key]), limit=1).records
+    capsys.readouterr()
+    assert main(["leads", "runs", f"domain:{lead.value}", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert record.run_id in {row["run_id"] for row in answer["runs"]}
+    assert instance.get_run_by_id(record.run_id).tags.get("investigations/batch_size", "1") != "1"
+    assert f"q%5B%5D=id%3A{record.run_id}" in answer["runs_page"]

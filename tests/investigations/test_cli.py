@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import random
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from investigations.cli import main
-from investigations.collection.events import Outcome
+from investigations.collection.events import FetchEvent, Outcome
 from investigations.config import Settings
 from investigations.intake.leads import normalize_lead
 from investigations.pacing import Circuits, GapSampler, RateLanes
@@ -413,3 +414,35 @@ def test_a_known_lead_without_records_has_no_records(state, capsys, lead) -> Non
     state.add_lead(normalize_lead("domain", "example.com"), case_id="case-1")
     assert main(["records", "--lead", lead]) == 0
     assert capsys.readouterr().out == "no records\n"
+
+
+def _request(lead_id: str, run_id: str, at_s: float) -> FetchEvent:
+    return FetchEvent(source="robust", lead_id=lead_id, identity_id="direct", url="http://127.0.0.1/x", method="GET",
+                      status=200, outcome=Outcome.OK, latency_ms=5.0, bytes=10, attempt=1,
+                      at=datetime.fromtimestamp(at_s, UTC), run_id=run_id)
+
+
+def test_leads_runs_names_every_run_that_collected_a_lead_and_links_the_runs_page_to_them(
+        state, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("INVESTIGATIONS_UI_URL", "https://dagster.example/")
+    lead, other = normalize_lead("domain", "runs.example"), normalize_lead("domain", "other.example")
+    state.add_leads([lead, other], case_id="c-runs")
+    # A batch run of both leads, then a run of the lead alone; a run of the other lead is not its.
+    state.record_fetches([_request(lead.id, "run-batch", 100.0), _request(other.id, "run-batch", 100.5),
+                          _request(lead.id, "run-batch", 101.0), _request(lead.id, "run-alone", 200.0),
+                          _request(other.id, "run-other", 300.0)])
+    assert main(["leads", "runs", "domain:runs.example"]) == 0
+    out = capsys.readouterr().out
+    rows = [[cell.strip() for cell in line.split("│")] for line in out.splitlines() if "run-" in line and "│" in line]
+    assert [(row[0], row[1], row[4]) for row in rows] == [("robust", "run-batch", "2"), ("robust", "run-alone", "1")]
+    assert "On the Runs page: https://dagster.example/runs?q%5B%5D=id%3Arun-batch&q%5B%5D=id%3Arun-alone" in out
+    assert main(["leads", "runs", "domain:other.example", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert [row["run_id"] for row in answer["runs"]] == ["run-batch", "run-other"]
+
+
+def test_leads_runs_of_a_lead_never_collected_says_so(state, capsys) -> None:
+    lead = normalize_lead("domain", "never.example")
+    state.add_leads([lead], case_id="c-runs")
+    assert main(["leads", "runs", "domain:never.example"]) == 0
+    assert capsys.readouterr().out.strip() == f"no run has collected {lead.id}"
