@@ -75,14 +75,23 @@ def is_identity_lane(name: str) -> bool:
     return name.startswith(IDENTITY_LANE_PREFIX)
 
 
-def _other_identities_cut(conn: Connection, identity: Sequence[LaneSpec], *, since_s: float) -> tuple[int, int]:
+# An identity lane reserved or told of an answer this recently is one of the source's identities
+# sending now; it shares the source's lane with the others (`aimd.fair_share`).
+ACTIVE_IDENTITY_S = 10.0
+
+
+def _other_identities(conn: Connection, identity: Sequence[LaneSpec], *, cut_since_s: float,
+                      active_since_s: float) -> tuple[int, int, int]:
     """Of the same source's other identities (not `identity`; those with a lane, so that have sent):
-    how many were cut after `since_s`, and how many there are."""
+    how many were cut after `cut_since_s`, how many there are, and how many were used after
+    `active_since_s`."""
     prefixes = sorted({lane.name.rsplit(":", 1)[0] + ":" for lane in identity})
     same_source = or_(*(func.substr(_T.c.lane, 1, len(prefix)) == prefix for prefix in prefixes))
-    cut, total = conn.execute(select(func.count().filter(_T.c.last_cut_s > since_s), func.count()).where(
+    cut, total, active = conn.execute(select(
+        func.count().filter(_T.c.last_cut_s > cut_since_s), func.count(),
+        func.count().filter(_T.c.updated_at_s > active_since_s)).where(
         same_source, _T.c.lane.not_in([lane.name for lane in identity]))).one()
-    return int(cut or 0), int(total or 0)
+    return int(cut or 0), int(total or 0), int(active or 0)
 
 
 def _shared_rate_per_s(conn: Connection, shared: Sequence[LaneSpec]) -> float:
@@ -91,7 +100,7 @@ def _shared_rate_per_s(conn: Connection, shared: Sequence[LaneSpec]) -> float:
     if not shared:
         return 0.0
     factors = dict(conn.execute(select(_T.c.lane, _T.c.rate_factor).where(
-        _T.c.lane.in_([lane.name for lane in shared]))).tuples().all())
+        _T.c.lane.in_([lane.name for lane in shared]))).all())
     return min(lane.rate_per_s * float(factors.get(lane.name, 1.0)) for lane in shared)
 
 
@@ -262,7 +271,8 @@ class RateLanes:
         identities of the source were cut within `corroborate_s` (`corroborate_identities` in all)
         or the answer carried a Retry-After (`aimd.cuts_shared_lanes`). An identity refused while it
         sends no more than its share of the shared lanes is not slowed by it, and no cut takes it
-        below that share (`aimd.fair_share`, `aimd.on_throttle`). A Retry-After is a hard
+        below that share (`aimd.fair_share`, `aimd.on_throttle`), nor does a success take it above
+        the share with its headroom (`aimd.share_cap`, `aimd.on_success`). A Retry-After is a hard
         floor on every lane: nothing leaves it before now + retry_after_s, whatever burst is left,
         even when the signal falls in the hold after a cut.
 
@@ -285,54 +295,40 @@ class RateLanes:
         identity = [lane for lane in lanes if is_identity_lane(lane.name)] if pooled_identity else []
         with self._store.engine.begin() as conn:
             greatest, least = _max_min(conn)
-            changes: dict[str, Any] = {"updated_at_s": now}
-            first = aimd.AimdState()  # a lane's first row, when the feedback comes before any reservation
-            factor, ceiling, last_cut = _T.c.rate_factor, _T.c.ceiling_factor, _T.c.last_cut_s
-            cuts_shared = True
-            # An identity lane's own statement and first row, where they differ from the shared lanes'.
-            own: dict[str, tuple[dict[str, Any], aimd.AimdState]] = {}
-            if throttled:  # the SQL twin of aimd.on_throttle
-                held = now - last_cut < throttle.cut_hold_s
-                cut = greatest(throttle.min_factor, factor * throttle.decrease_factor)
-                changes["rate_factor"] = case((held, factor), else_=cut)
-                changes["ceiling_factor"] = case((held, ceiling), else_=factor)
-                changes["last_cut_s"] = case((held, last_cut), else_=now)
-                first = aimd.on_throttle(first, now, throttle)
-                if identity:
-                    others_cut, others = _other_identities_cut(conn, identity, since_s=now - throttle.corroborate_s)
-                    if throttle.corroborate_s > 0 and floor is None:
-                        cuts_shared = aimd.cuts_shared_lanes(sent_as_identity=True, others_cut=others_cut,
-                                                             others=others, spec=throttle)
-                    shared_rate = _shared_rate_per_s(conn, [lane for lane in lanes if lane not in identity])
-                    for lane in identity:
-                        share = aimd.fair_share(shared_rate_per_s=shared_rate, identities=others + 1,
-                                                identity_rate_per_s=lane.rate_per_s)
-                        own[lane.name] = ({
-                            **changes,
-                            "rate_factor": case((held, factor), (factor <= share, factor),
-                                                else_=greatest(throttle.min_factor, share,
-                                                               factor * throttle.decrease_factor)),
-                            "ceiling_factor": case((held, ceiling), (factor <= share, ceiling), else_=factor),
-                        }, aimd.on_throttle(aimd.AimdState(), now, throttle, fair_share=share))
-            elif succeeded:  # the SQL twin of aimd.on_success
-                goal = ceiling * (1.0 - throttle.ceiling_margin)
-                changes["rate_factor"] = case(
-                    (factor < goal, least(goal, factor + throttle.increase_step)),
-                    (now - last_cut < throttle.ceiling_hold_s, factor),
-                    else_=least(1.0, factor + throttle.probe_step),
-                )
-                first = aimd.on_success(first, now, throttle)
+            base: dict[str, Any] = {"updated_at_s": now}
             if floor is not None:
-                changes["not_before_s"] = greatest(_T.c.not_before_s, floor)
+                base["not_before_s"] = greatest(_T.c.not_before_s, floor)
+            # Each identity lane's share of what the source's lane lets through, among the source's
+            # identities sending now (aimd.fair_share; 0: no share to keep to); a shared lane's is 0.
+            shares: dict[str, float] = {}
+            cuts_shared = True
+            if identity and (throttled or succeeded):
+                others_cut, others, active = _other_identities(
+                    conn, identity, cut_since_s=now - throttle.corroborate_s, active_since_s=now - ACTIVE_IDENTITY_S)
+                shared_rate = _shared_rate_per_s(conn, [lane for lane in lanes if lane not in identity])
+                shares = {lane.name: aimd.fair_share(shared_rate_per_s=shared_rate, identities=active + 1,
+                                                     identity_rate_per_s=lane.rate_per_s) for lane in identity}
+                if throttled and throttle.corroborate_s > 0 and floor is None:
+                    cuts_shared = aimd.cuts_shared_lanes(sent_as_identity=True, others_cut=others_cut,
+                                                         others=others, spec=throttle)
             # Sorted like reserve(), so two transactions never lock the same lanes in opposite orders.
             repeat = throttled and bool(identity)
             for lane in _unique_sorted(lanes):
                 if not (cuts_shared or lane in identity):
                     continue  # a shared lane this throttle does not cut (there is no Retry-After floor to set)
-                lane_changes, lane_first = own.get(lane.name, (changes, first))
+                share = shares.get(lane.name, 0.0)
+                # A lane's first row, when the feedback comes before any reservation.
+                first = aimd.AimdState()
+                changes = dict(base)
+                if throttled:
+                    changes.update(_throttle_sql(now, throttle, share, greatest))
+                    first = aimd.on_throttle(first, now, throttle, fair_share=share)
+                elif succeeded:
+                    changes.update(_success_sql(now, throttle, share, least))
+                    first = aimd.on_success(first, now, throttle, fair_share=share)
                 row = {"lane": lane.name, "tat_s": now, "not_before_s": floor or 0.0, "updated_at_s": now,
-                       **_aimd_columns(lane_first)}
-                stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=lane_changes)
+                       **_aimd_columns(first)}
+                stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=changes)
                 if throttled and lane in identity:
                     # The lane's last cut as the statement left it: now when this throttle cut it.
                     last_cut_after = conn.execute(stmt.returning(_T.c.last_cut_s)).scalar_one()
@@ -384,6 +380,37 @@ class RateLanes:
         # The burst tolerance lets a request go up to tau before its slot; Retry-After is a hard floor.
         return _Slot(lane=lane, start_s=start, gap_s=gap, interval_s=interval,
                      send_at_s=max(now, start - tau, not_before), recent_sends_s=_parse_sends(recent_sends))
+
+
+def _throttle_sql(now: float, throttle: ThrottleSpec, share: float,
+                  greatest: Callable[..., ColumnElement[Any]]) -> dict[str, Any]:
+    """The SQL twin of `aimd.on_throttle` (the right-hand sides of an UPDATE read the row as it was,
+    as the reference does): a lane's columns after a throttle signal, `share` its fair share (0: none)."""
+    factor, ceiling, last_cut = _T.c.rate_factor, _T.c.ceiling_factor, _T.c.last_cut_s
+    held = now - last_cut < throttle.cut_hold_s
+    spared = factor <= share  # at or under its share: marked, neither slowed nor given a lower ceiling
+    return {
+        "rate_factor": case((held, factor), (spared, factor),
+                            else_=greatest(throttle.min_factor, share, factor * throttle.decrease_factor)),
+        "ceiling_factor": case((held, ceiling), (spared, ceiling), else_=factor),
+        "last_cut_s": case((held, last_cut), else_=now),
+    }
+
+
+def _success_sql(now: float, throttle: ThrottleSpec, share: float,
+                 least: Callable[..., ColumnElement[Any]]) -> dict[str, Any]:
+    """The SQL twin of `aimd.on_success`: a lane's rate factor after a success, `share` its fair share
+    (0: none, so no cap under its configured rate)."""
+    factor, ceiling, last_cut = _T.c.rate_factor, _T.c.ceiling_factor, _T.c.last_cut_s
+    cap = aimd.share_cap(share, throttle)
+    goal = least(ceiling * (1.0 - throttle.ceiling_margin), cap)
+    return {"rate_factor": case(
+        (factor >= 1.0, factor),
+        (factor > cap, cap),
+        (factor < goal, least(goal, factor + throttle.increase_step)),
+        (now - last_cut < throttle.ceiling_hold_s, factor),
+        else_=least(cap, factor + throttle.probe_step),
+    )}
 
 
 def effective_burst(burst: int, factor: float) -> float:

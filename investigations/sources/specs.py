@@ -110,6 +110,10 @@ class ThrottleSpec(_Model):
     # sending too fast, and two such within a long window are a coincidence of a large pool.
     corroborate_s: float = Field(default=3.0, ge=0)
     corroborate_identities: int = Field(default=3, ge=2)
+    # An identity whose source lane lets through less than the source's active identities could send
+    # climbs no higher than its share of that lane times (1 + this): more would not raise the
+    # source's rate, only let the identity bunch its sends into its own address's limit.
+    share_headroom: float = Field(default=0.25, ge=0)
     park_after_s: Positive = 120.0  # a collection throttled this long is parked, not failed
 
     @model_validator(mode="after")

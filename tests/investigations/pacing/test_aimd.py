@@ -164,3 +164,27 @@ def test_a_cut_stops_at_the_fair_share() -> None:
 def test_fair_share(shared: float, identities: int, rate: float, expected: float) -> None:
     assert aimd.fair_share(shared_rate_per_s=shared, identities=identities, identity_rate_per_s=rate) == \
         pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("share", "expected"), [
+    (0.0, 1.0),  # no share to keep to: the configured rate is the only cap
+    (0.4, 0.5),  # its share and a quarter more (the default share_headroom)
+    (0.9, 1.0),  # never above the configured rate
+])
+def test_share_cap(share: float, expected: float) -> None:
+    assert aimd.share_cap(share, ThrottleSpec()) == pytest.approx(expected)
+
+
+def test_an_identity_climbs_and_probes_no_higher_than_its_share_cap() -> None:
+    spec = ThrottleSpec(increase_step=0.1, ceiling_margin=0.1, ceiling_hold_s=60.0, probe_step=0.01)
+    state, now = AimdState(0.2, 1.0, LONG_AGO), NOW
+    for _ in range(200):  # long past the hold: climbing, then probing
+        now += 1.0
+        state = aimd.on_success(state, now, spec, fair_share=0.4)
+    assert state.rate_factor == pytest.approx(0.5)
+    assert state.ceiling_factor == 1.0  # what was learned stays
+
+
+def test_an_identity_above_its_share_cap_is_brought_down_to_it_by_a_success() -> None:
+    after = aimd.on_success(AimdState(0.9, 1.0, LONG_AGO), NOW, ThrottleSpec(), fair_share=0.4)
+    assert (after.rate_factor, after.ceiling_factor, after.last_cut_s) == (pytest.approx(0.5), 1.0, LONG_AGO)

@@ -569,9 +569,14 @@ def test_in_a_larger_pool_the_source_lane_is_cut_by_three_identities_throttled_w
 def _pool_of_four(lanes: RateLanes) -> list[LaneSpec]:
     pool = [ALICE, BOB] + [LaneSpec(f"identity:site:{name}", rate_per_s=3.0, burst=2, guard_rhythm=True)
                            for name in ("carol", "dave")]
+    _keep_sending(lanes, pool)
+    return pool
+
+
+def _keep_sending(lanes: RateLanes, pool: list[LaneSpec]) -> None:
+    """Each identity of the pool sends a request now: all of them share the site lane."""
     for identity in pool:
         waits(lanes, [SITE, identity], 1)
-    return pool
 
 
 def test_an_identity_refused_at_its_share_of_the_site_lane_is_neither_slowed_nor_given_a_lower_ceiling(
@@ -579,9 +584,10 @@ def test_an_identity_refused_at_its_share_of_the_site_lane_is_neither_slowed_nor
 ) -> None:
     """A site-wide limit refuses whoever asks next: an identity sending no more than its share of
     what the site lane lets through is not the one sending too fast."""
-    _pool_of_four(lanes)
+    pool = _pool_of_four(lanes)
     throttle_as(lanes, ALICE)  # 1.0 -> its share, 2/3 (8 r/s over four identities of 3 r/s)
     clock.now += 100.0  # long past the cut's hold and the corroboration window
+    _keep_sending(lanes, pool)
     throttle_as(lanes, ALICE)  # refused again at its share
     state = lanes.state(ALICE.name)
     assert state is not None
@@ -598,6 +604,7 @@ def test_refusals_of_identities_at_their_share_still_cut_the_site_lane_together(
         clock.now += THROTTLE.corroborate_s + 1.0
     assert factors(lanes, SITE, *pool[:3]) == pytest.approx([1.0] + [2 / 3] * 3)
     clock.now += 100.0
+    _keep_sending(lanes, pool)
     for identity in pool[:3]:  # at their shares now: not slowed, but three within seconds is the site
         throttle_as(lanes, identity)
         clock.now += 0.5
@@ -626,6 +633,12 @@ def test_a_throttle_with_a_retry_after_cuts_and_floors_the_source_lane_for_one_i
     throttle_as(lanes, ALICE, retry_after_s=30.0)
     assert factors(lanes, SITE, ALICE) == pytest.approx([0.5, 0.5])
     assert lanes.reserve([SITE], max_wait_s=60.0).wait_s == pytest.approx(30.0)
+
+
+def test_a_retry_after_floors_the_lane_of_the_identity_it_was_sent_as(lanes: RateLanes) -> None:
+    waits(lanes, [SITE, ALICE], 1)  # the identity's lane has its row: the floor is an update of it
+    throttle_as(lanes, ALICE, retry_after_s=30.0)
+    assert lanes.reserve([ALICE], max_wait_s=60.0).wait_s == pytest.approx(30.0)
 
 
 def test_with_corroborate_s_zero_every_throttle_cuts_the_source_lane(lanes: RateLanes) -> None:
@@ -668,3 +681,48 @@ def test_a_success_or_a_throttle_of_the_direct_address_is_never_a_repeat(lanes: 
                               throttle=THROTTLE) is False
     assert lanes.feedback([SITE, ALICE], outcome=Outcome.OK, retry_after_s=None, throttle=THROTTLE,
                           pooled_identity=True) is False
+
+
+def test_an_identity_lane_s_statement_agrees_with_the_reference_rules_at_its_share(lanes: RateLanes,
+                                                                                  clock: FakeClock) -> None:
+    """Four identities of 3 r/s share a site lane of 8 r/s: Alice's share is 2/3 of her rate, which
+    both her cuts (a floor) and her climbs (a cap, with the headroom) keep to."""
+    pool = _pool_of_four(lanes)
+    rng, expected = random.Random(5), aimd.AimdState()
+    for _ in range(300):
+        clock.now += rng.expovariate(1.0) * rng.choice([0.2, 2.0, 40.0])
+        _keep_sending(lanes, pool[1:])
+        throttled = rng.random() < 0.25
+        lanes.feedback([SITE, ALICE], outcome=Outcome.THROTTLED if throttled else Outcome.OK, retry_after_s=None,
+                       throttle=THROTTLE, pooled_identity=True)
+        rule = aimd.on_throttle if throttled else aimd.on_success
+        expected = rule(expected, clock.now, THROTTLE, fair_share=2 / 3)
+        state = lanes.state(ALICE.name)
+        assert state is not None
+        assert state.aimd_state == expected
+    assert factors(lanes, SITE) == pytest.approx([1.0])  # one identity's refusals never cut the site
+
+
+def test_an_identity_climbs_back_no_higher_than_its_share_of_the_site_lane(lanes: RateLanes,
+                                                                           clock: FakeClock) -> None:
+    pool = _pool_of_four(lanes)
+    throttle_as(lanes, ALICE)  # cut to its share, 2/3; the ceiling stays at 1.0
+    for _ in range(100):  # long past the hold
+        clock.now += 2.0
+        _keep_sending(lanes, pool[1:])
+        lanes.feedback([SITE, ALICE], outcome=Outcome.OK, retry_after_s=None, throttle=THROTTLE, pooled_identity=True)
+    assert factors(lanes, ALICE) == pytest.approx([2 / 3 * (1 + THROTTLE.share_headroom)])
+
+
+def test_identities_that_stopped_sending_leave_their_share_to_those_still_sending(lanes: RateLanes,
+                                                                                 clock: FakeClock) -> None:
+    """Two of the four identities went quiet: the two left cannot fill the site lane (2 x 3 r/s
+    under 8), so neither keeps to a share and Alice climbs back to her learned ceiling."""
+    pool = _pool_of_four(lanes)
+    throttle_as(lanes, ALICE)
+    for _ in range(100):
+        clock.now += 2.0
+        _keep_sending(lanes, [BOB])
+        lanes.feedback([SITE, ALICE], outcome=Outcome.OK, retry_after_s=None, throttle=THROTTLE, pooled_identity=True)
+    assert len(pool) == 4
+    assert factors(lanes, ALICE) == pytest.approx([1.0])
