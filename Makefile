@@ -41,7 +41,7 @@ faults: $(STAMP)
 	$(BIN)/python -m bench.faults $(FAULTS_ARGS)
 
 # The product bench: the fleet as a user drives it (dagster-daemon, the CLI), each identity through its
-# own tinyproxy, against nginx's limit_req (per address and site-wide). About 12 minutes.
+# own tinyproxy, against nginx's limit_req (per address and site-wide). About 48 minutes.
 bench-product: $(STAMP)
 	@{ command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; } && command -v tinyproxy >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nginx-light tinyproxy; }
 	$(BIN)/python -m bench.product

@@ -17,9 +17,11 @@ proxies it with `X-Limiter-Refused`), so the sandbox's ban rules see what nginx 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -99,6 +101,16 @@ def parse_log_line(line: str) -> LogRow:
     return LogRow(float(at), int(status), address, float(request_s), uri)
 
 
+# A refusal as nginx logs it at `limit_req_log_level` (warn, so the error log at warn keeps it).
+_REFUSAL_LINE = re.compile(r'limiting requests, excess: [0-9.]+ by zone "([^"]+)"')
+
+def refusals_by_zone(error_log: str, name: str) -> dict[str, int]:
+    """The limiter `name`'s refusals in nginx's error log text, per zone: `address` (its own zone) and
+    `site` (`name_site`)."""
+    counts = Counter(match[1] for match in _REFUSAL_LINE.finditer(error_log))
+    return {"address": counts.get(name, 0), "site": counts.get(f"{name}_site", 0)}
+
+
 _PROXY_HEADERS = 'proxy_set_header Connection ""; proxy_set_header X-Forwarded-For $remote_addr;'
 
 
@@ -160,7 +172,7 @@ http {{
     scgi_temp_path {temp}/scgi;
     log_format bench '{LOG_FORMAT}';
     limit_req_status 429;
-    limit_req_log_level info;
+    limit_req_log_level warn;
     upstream sandbox {{ server {upstream}; keepalive 32; }}
 {zones}
 {servers}
@@ -248,6 +260,12 @@ class Nginx(Service):
         if not path.exists():
             return []
         return [parse_log_line(line) for line in path.read_text().splitlines() if line]
+
+    def refusals_by_zone(self, name: str) -> dict[str, int]:
+        """How many requests each zone of the limiter `name` refused, from nginx's error log (its
+        `limiting requests ... by zone` lines): the per-address zone is `name`, the site-wide `name_site`."""
+        path = self.workdir / "error.log"
+        return refusals_by_zone(path.read_text(errors="replace") if path.exists() else "", name)
 
     def stop(self) -> None:
         """Stop nginx (SIGTERM, then SIGKILL), keeping its logs until `cleanup()`."""

@@ -272,6 +272,7 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
             target = sandbox_source(fleet)
             fleet.stop()
             rows = nginx.client_rows(cfg.name)
+            zones = nginx.refusals_by_zone(cfg.name)
             outgoing = dict(zip(proxies.outgoing, (f"proxy{n}" for n in range(args.identities)), strict=True))
     finally:
         if sampler is not None:
@@ -286,6 +287,7 @@ def measure_config(cfg: Config, args: Any, workdir: Path, databases: Sequence[st
     fleet_cpu = sum(cpu.get("groups", {}).get(g, 0.0) for g in ("dagster", "intake"))
     return {"config": cfg.name, "rate_factor": cfg.rate_factor, "postgres": cfg.postgres, "defend": cfg.defend,
             "leads_added": leads, "cli": cli, "t0": t0, "end_s": end_s, **figures, **fleet_figures,
+            "refused_by_zone": zones,
             "target_bans": ban_figures(target, outgoing),
             "cpu": {"window_s": cpu.get("seconds"), "fleet_cpu_s": fleet_cpu, "groups_s": cpu.get("groups", {}),
                     "roles_s": cpu.get("roles", {}), "processes": cpu.get("processes", {}),
@@ -543,6 +545,7 @@ def report(figures: dict[str, Any]) -> None:
         ["429s (all / after warm-up)", *(f"{allf[n]['refused_429']}/{allf[n]['refused_429_after_warmup']}"
                                          for n in cols)],
         ["refused share after warm-up", *(fmt(allf[n]["refused_share_after_warmup"]) for n in cols)],
+        ["429s by zone (per address / site-wide)", *(_zones(configs.get(n, {})) for n in cols)],
         [f"refused share after {HIGH4_WARMUP_S:g} s", *(fmt(allf[n]["refused_share_after_minute"]) for n in cols)],
         ["gap CV per client (min-max)", *(_cv_range(allf[n]["clients"]) for n in cols)],
         ["records stored in the steady window", *(fmt(configs[n]["stored_in_steady_window"]) for n in names),
@@ -605,6 +608,11 @@ def report(figures: dict[str, Any]) -> None:
 
 def _minute(bins: list[dict[str, Any]], m: int) -> str:
     return f"{bins[m]['ratio']:.3f} ({bins[m]['refused_429']})" if m < len(bins) else "-"
+
+
+def _zones(config: dict[str, Any]) -> str:
+    zones = config.get("refused_by_zone")
+    return f"{zones['address']} / {zones['site']}" if zones else "-"
 
 
 def _bans(config: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.nginx import LOG_FORMAT, Limiter, LogRow, _config, nginx_rate, parse_log_line
+from bench.nginx import LOG_FORMAT, Limiter, LogRow, _config, nginx_rate, parse_log_line, refusals_by_zone
 
 
 def test_whole_rates_are_written_per_second_and_others_per_minute() -> None:
@@ -58,3 +58,16 @@ def test_a_log_line_reads_back_with_its_url_and_arrival() -> None:
     assert row == LogRow(1733450000.25, 429, "127.0.0.3", 0.05, "/robust/api/lookup?kind=domain&q=a.example")
     assert row.arrived == pytest.approx(1733450000.2)
     assert parse_log_line("1.000 200 127.0.0.2 0.000 /a b?q=x").uri == "/a b?q=x"  # the URL last, whole
+
+
+def test_refusals_are_counted_per_zone_from_the_error_log(tmp_path: Path) -> None:
+    assert "limit_req_log_level warn;" in _config(tmp_path, [Limiter("high4", 5, 2)], {"high4": 9000}, "127.0.0.1:1")
+    log = "\n".join([
+        '2026/12/07 02:40:00 [warn] 11#0: *5 limiting requests, excess: 2.460 by zone "high4", client: 127.0.0.3',
+        '2026/12/07 02:40:01 [warn] 11#0: *9 limiting requests, excess: 5.010 by zone "high4_site", client: 127.0.0.4',
+        '2026/12/07 02:40:01 [warn] 11#0: *9 limiting requests, excess: 1.000 by zone "high4", client: 127.0.0.4',
+        '2026/12/07 02:40:02 [warn] 11#0: *12 limiting requests, excess: 1.000 by zone "right", client: 127.0.0.2',
+        '2026/12/07 02:40:03 [notice] 11#0: signal process started',
+    ])
+    assert refusals_by_zone(log, "high4") == {"address": 2, "site": 1}
+    assert refusals_by_zone("", "high4") == {"address": 0, "site": 0}
