@@ -324,8 +324,8 @@ class RateLanes:
                     changes.update(_throttle_sql(now, throttle, share, greatest))
                     first = aimd.on_throttle(first, now, throttle, fair_share=share)
                 elif succeeded:
-                    changes.update(_success_sql(now, throttle, share, least))
-                    first = aimd.on_success(first, now, throttle, fair_share=share)
+                    changes.update(_success_sql(now, throttle, share, least, rate_per_s=lane.rate_per_s))
+                    first = aimd.on_success(first, now, throttle, fair_share=share, rate_per_s=lane.rate_per_s)
                 row = {"lane": lane.name, "tat_s": now, "not_before_s": floor or 0.0, "updated_at_s": now,
                        **_aimd_columns(first)}
                 stmt = _insert(conn).values(row).on_conflict_do_update(index_elements=["lane"], set_=changes)
@@ -397,10 +397,10 @@ def _throttle_sql(now: float, throttle: ThrottleSpec, share: float,
     }
 
 
-def _success_sql(now: float, throttle: ThrottleSpec, share: float,
-                 least: Callable[..., ColumnElement[Any]]) -> dict[str, Any]:
-    """The SQL twin of `aimd.on_success`: a lane's rate factor after a success, `share` its fair share
-    (0: none, so no cap under its configured rate)."""
+def _success_sql(now: float, throttle: ThrottleSpec, share: float, least: Callable[..., ColumnElement[Any]], *,
+                 rate_per_s: float) -> dict[str, Any]:
+    """The SQL twin of `aimd.on_success`: the rate factor after a success of a lane configured at
+    `rate_per_s`, `share` its fair share (0: none, so no cap under its configured rate)."""
     factor, ceiling, last_cut = _T.c.rate_factor, _T.c.ceiling_factor, _T.c.last_cut_s
     cap = aimd.share_cap(share, throttle)
     goal = least(ceiling * (1.0 - throttle.ceiling_margin), cap)
@@ -409,7 +409,7 @@ def _success_sql(now: float, throttle: ThrottleSpec, share: float,
         (factor > cap, cap),
         (factor < goal, least(goal, factor + throttle.increase_step)),
         (now - last_cut < throttle.ceiling_hold_s, factor),
-        else_=least(cap, factor + throttle.probe_step),
+        else_=least(cap, factor + aimd.probe_step(throttle, rate_per_s)),
     )}
 
 

@@ -102,7 +102,9 @@ class ThrottleSpec(_Model):
     cut_hold_s: float = Field(default=2.0, ge=0)  # throttle signals this soon after a cut do not cut again
     ceiling_margin: float = Field(default=0.1, ge=0, lt=1)  # climb back to ceiling x (1 - this)
     ceiling_hold_s: float = Field(default=120.0, ge=0)  # then stay there this long after the cut
-    probe_step: float = Field(default=0.005, gt=0, le=1)  # then factor += this on a success, up to 1
+    # then the rate grows by this share of itself a second (factor += this / the configured rate on
+    # a success), up to the configured rate
+    probe_step: float = Field(default=0.005, gt=0, le=1)
     # A throttle of a request sent as an identity cuts the source's shared lane only when this many
     # of its identities (this one included; at most as many as have sent) were cut within
     # `corroborate_s` (0: always): a site-wide limit refuses whoever asks next, so its refusals

@@ -188,3 +188,13 @@ def test_an_identity_climbs_and_probes_no_higher_than_its_share_cap() -> None:
 def test_an_identity_above_its_share_cap_is_brought_down_to_it_by_a_success() -> None:
     after = aimd.on_success(AimdState(0.9, 1.0, LONG_AGO), NOW, ThrottleSpec(), fair_share=0.4)
     assert (after.rate_factor, after.ceiling_factor, after.last_cut_s) == (pytest.approx(0.5), 1.0, LONG_AGO)
+
+
+@pytest.mark.parametrize("rate", [0.5, 5.0, 60.0])
+def test_probing_grows_a_lane_by_probe_step_of_itself_a_second_whatever_its_rate(rate: float) -> None:
+    state, now = AimdState(0.5, 0.5, LONG_AGO), NOW
+    successes = round(rate * 0.5 * 10)  # ten seconds at its rate in use
+    for _ in range(successes):
+        now += 1.0 / (rate * 0.5)
+        state = aimd.on_success(state, now, SPEC, rate_per_s=rate)
+    assert state.rate_factor == pytest.approx(0.5 + 10 * SPEC.probe_step * 0.5, rel=0.02)

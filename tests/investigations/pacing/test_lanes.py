@@ -266,8 +266,27 @@ def test_the_factor_holds_under_the_ceiling_until_ceiling_hold_then_probes_up_to
     clock.now = T0 + THROTTLE.ceiling_hold_s - 1.0
     assert factors_after_successes(lanes, clock, 1, every_s=0.0) == pytest.approx([0.9])
     clock.now = T0 + THROTTLE.ceiling_hold_s
-    seen = factors_after_successes(lanes, clock, 12)
-    assert seen == pytest.approx([0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1.0, 1.0, 1.0])
+    # At its 10 r/s a success a tenth of a second: probe_step (0.01) of the configured rate a second.
+    seen = factors_after_successes(lanes, clock, 120, every_s=0.1)
+    assert seen[:3] == pytest.approx([0.901, 0.902, 0.903])
+    assert seen[9] == pytest.approx(0.91)  # one second of probing
+    assert seen[99:] == pytest.approx([1.0] * 21)  # ten seconds, then the configured rate
+
+
+def test_a_faster_lane_probes_by_the_same_share_of_itself_a_second(lanes: RateLanes, clock: FakeClock) -> None:
+    """Probing grows a lane's rate by probe_step of itself a second, whatever its configured rate:
+    by a step per success, a lane of 50 r/s would probe five times as fast as one of 10."""
+    fast = LaneSpec("source:fifty", rate_per_s=50.0, burst=1)
+    for lane in (TEN, fast):
+        lanes.feedback([lane], outcome=Outcome.THROTTLED, retry_after_s=None, throttle=THROTTLE)
+        for _ in range(8):  # back to the target, 0.9, where it holds
+            lanes.feedback([lane], outcome=Outcome.OK, retry_after_s=None, throttle=THROTTLE)
+    clock.now += THROTTLE.ceiling_hold_s
+    for lane, every_s in ((TEN, 0.1), (fast, 0.02)):  # each at its rate, for one second
+        for _ in range(round(1.0 / every_s)):
+            clock.now += every_s
+            lanes.feedback([lane], outcome=Outcome.OK, retry_after_s=None, throttle=THROTTLE)
+    assert factors(lanes, TEN, fast) == pytest.approx([0.91, 0.91])
 
 
 def test_repeated_throttling_never_takes_the_rate_below_min_factor(lanes: RateLanes, clock: FakeClock) -> None:
@@ -283,17 +302,20 @@ def test_the_lane_statement_agrees_with_the_reference_rules_step_by_step(lanes: 
     # cuts both (corroborate_s 0), so both follow the reference.
     other = LaneSpec("identity:ten:a", rate_per_s=2.0, burst=1)
     both = THROTTLE.model_copy(update={"corroborate_s": 0.0})
-    rng, expected = random.Random(3), aimd.AimdState()
+    rng = random.Random(3)
+    expected = {lane.name: aimd.AimdState() for lane in (TEN, other)}
     for _ in range(300):
         clock.now += rng.expovariate(1.0) * rng.choice([0.2, 2.0, 40.0])
         throttled = rng.random() < 0.25
         lanes.feedback([TEN, other], outcome=Outcome.THROTTLED if throttled else Outcome.OK, retry_after_s=None,
                        throttle=both)
-        expected = (aimd.on_throttle if throttled else aimd.on_success)(expected, clock.now, both)
-        for name in (TEN.name, other.name):
-            state = lanes.state(name)
+        for lane in (TEN, other):
+            before = expected[lane.name]
+            expected[lane.name] = (aimd.on_throttle(before, clock.now, both) if throttled else
+                                   aimd.on_success(before, clock.now, both, rate_per_s=lane.rate_per_s))
+            state = lanes.state(lane.name)
             assert state is not None
-            assert state.aimd_state == expected
+            assert state.aimd_state == expected[lane.name]
 
 
 def test_an_outcome_that_says_nothing_about_rate_leaves_the_lane_alone(lanes: RateLanes) -> None:
@@ -695,8 +717,8 @@ def test_an_identity_lane_s_statement_agrees_with_the_reference_rules_at_its_sha
         throttled = rng.random() < 0.25
         lanes.feedback([SITE, ALICE], outcome=Outcome.THROTTLED if throttled else Outcome.OK, retry_after_s=None,
                        throttle=THROTTLE, pooled_identity=True)
-        rule = aimd.on_throttle if throttled else aimd.on_success
-        expected = rule(expected, clock.now, THROTTLE, fair_share=2 / 3)
+        expected = (aimd.on_throttle(expected, clock.now, THROTTLE, fair_share=2 / 3) if throttled else
+                    aimd.on_success(expected, clock.now, THROTTLE, fair_share=2 / 3, rate_per_s=ALICE.rate_per_s))
         state = lanes.state(ALICE.name)
         assert state is not None
         assert state.aimd_state == expected
