@@ -100,7 +100,7 @@ def probe_step(spec: ThrottleSpec, rate_per_s: float) -> float:
     A step per success made a fast lane probe fast: a source lane configured at 60 r/s (2x too high)
     probing by 0.005 a success grew by 8 r/s a second at the end of each hold, past a site-wide
     limit of 30 before its refusals could corroborate a cut, and was refused about 20 times every
-    two minutes (`bench.product`'s `high`: 1 % of its requests)."""
+    two minutes (`bench.product`'s `high`: 0.6 % of its requests after the first 30 s; paced in time, 0.1 %)."""
     return spec.probe_step / rate_per_s
 
 
