@@ -104,6 +104,7 @@ def parse_log_line(line: str) -> LogRow:
 # A refusal as nginx logs it at `limit_req_log_level` (warn, so the error log at warn keeps it).
 _REFUSAL_LINE = re.compile(r'limiting requests, excess: [0-9.]+ by zone "([^"]+)"')
 
+
 def refusals_by_zone(error_log: str, name: str) -> dict[str, int]:
     """The limiter `name`'s refusals in nginx's error log text, per zone: `address` (its own zone) and
     `site` (`name_site`)."""

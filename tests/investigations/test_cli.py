@@ -446,3 +446,13 @@ def test_leads_runs_of_a_lead_never_collected_says_so(state, capsys) -> None:
     state.add_leads([lead], case_id="c-runs")
     assert main(["leads", "runs", "domain:never.example"]) == 0
     assert capsys.readouterr().out.strip() == f"no run has collected {lead.id}"
+
+
+def test_leads_runs_names_the_run_of_a_collection_that_failed_before_its_first_request(state, capsys) -> None:
+    lead = normalize_lead("domain", "unsent.example")
+    state.add_leads([lead], case_id="c-runs")
+    state.complete_collection(source="robust", lead_id=lead.id, outcome="failed", records=0, content_hash=None,
+                              path=None, run_id="run-unsent")
+    assert main(["leads", "runs", "domain:unsent.example", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["runs"]
+    assert (row["source"], row["run_id"], row["requests"]) == ("robust", "run-unsent", 0)
