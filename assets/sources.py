@@ -436,15 +436,22 @@ class JoinedCases:
                                                 {JOINED_CASES_TAG: ", ".join(self._cases)[:TAG_MAX]})
 
 
+_frozen_in: int | None = None  # the process that froze its startup objects
+
+
 def freeze_startup_objects() -> None:
     """Leave what the run worker holds before its first collection out of Python's full garbage
     collections (`gc.freeze`): Dagster, the definitions and the run's context, some 200,000 objects.
     A full collection walks every tracked object with every thread stopped: about 100 ms here, often
     enough to stall a batch's sends (gaps of 60-140 ms at 30 r/s). What the collections allocate is
-    still collected; only these long-lived objects are no longer walked. Once per process."""
-    if not gc.get_freeze_count():
+    still collected; only these long-lived objects are no longer walked. Once per process (a worker
+    forked from the run launcher's template inherits what the template froze, and freezes its own
+    run's objects on top)."""
+    global _frozen_in
+    if _frozen_in != os.getpid():
         # Not collected first: that full collection would itself delay the first request by as much.
         gc.freeze()
+        _frozen_in = os.getpid()
 
 
 def lower_cpu_priority_if_background(tags: Mapping[str, str]) -> None:

@@ -5,8 +5,9 @@ Python for it, which imports Dagster and every library the definitions use befor
 step: 1.5-2 s of CPU, 2-3 s of waiting on a busy 2-core machine, paid by every run and first of all
 by a fresh lead's, which an investigator waits on. This launcher keeps one template process (Python's
 `forkserver`) that has imported those libraries once (PRELOAD) and forks each run worker from it.
-The worker then imports only the project's own modules, fresh each time, so a code change reaches
-the next run as it does with the default launcher; nothing of the project is preloaded.
+The template also imports the fleet's definitions (resources/warm_definitions.py), and a worker keeps
+them while nothing they were built from has changed; after a code or sources change a worker imports
+them afresh, so the change reaches the next run as it does with the default launcher.
 
 What the worker does is what `dagster api execute_run` does (`resources.dagster_internals.execute_run_here`):
 the run's events, its engine events ("Started process for run (pid: N)") and its end are the same.
@@ -28,16 +29,18 @@ different hosts or images keeps Dagster's own launchers (deploy/dagster.yaml).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any, Self
@@ -57,6 +60,9 @@ logger = logging.getLogger(__name__)
 # Where a run's worker is, for run monitoring and termination: {"host", "pid", "start"} (its start
 # time in clock ticks since boot, so a pid reused by another process is not taken for the worker).
 WORKER_TAG = "investigations/run_worker"
+
+# The module that imports the definitions in the template (resources/warm_definitions.py).
+WARM_DEFINITIONS = "resources.warm_definitions"
 
 # What the template process imports before it forks: Dagster's run execution and the libraries the
 # definitions import (tests/resources/test_run_launcher.py checks the list against them). A module
@@ -87,7 +93,14 @@ PRELOAD = (
     "standardwebhooks",
     "warcio",
     "yaml",
+    # Last: the definitions themselves, imported with all of the above in place.
+    WARM_DEFINITIONS,
 )
+
+# The project's packages and the code location's module (workspace.yaml), whose files the template's
+# warm definitions are built from.
+PROJECT_PACKAGES = ("investigations", "assets", "resources", "sensors")
+DEFINITIONS_MODULE = "definitions"
 
 # How often the watcher looks again when no worker has ended (a new worker is watched from then on).
 WATCH_S = 0.5
@@ -103,8 +116,44 @@ def _proc_state(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
-def _run_worker(run_id: str, instance_ref: str) -> None:
-    """The forked worker: the run, as `dagster api execute_run` runs it, in this process."""
+def code_signature() -> tuple[tuple[str, int, int], ...]:
+    """What a template's warm definitions are built from, as a launching process finds it on its own
+    path (the template's is the same): every Python file of the project's packages, the definitions
+    module and the sources file, each with its size and modification time (about 2 ms)."""
+    from investigations.config import Settings
+
+    files: list[str] = []
+    for package in PROJECT_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        for directory in (spec.submodule_search_locations or []) if spec else []:
+            for root, dirs, names in os.walk(directory):
+                dirs[:] = sorted(name for name in dirs if name != "__pycache__")
+                files.extend(os.path.join(root, name) for name in sorted(names) if name.endswith(".py"))
+    definitions = importlib.util.find_spec(DEFINITIONS_MODULE)
+    if definitions is not None and definitions.origin:
+        files.append(definitions.origin)
+    files.append(str(Settings.from_env().sources_path))
+    return file_stats(files)
+
+
+def file_stats(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
+    """Each file with its size and modification time in ns (-1, -1: none there)."""
+    stats = []
+    for path in paths:
+        try:
+            stat = os.stat(path)
+            stats.append((path, stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            stats.append((path, -1, -1))
+    return tuple(stats)
+
+
+def _run_worker(run_id: str, instance_ref: str, code: tuple[str | None, str | None] = (None, None)) -> None:
+    """The forked worker: the run, as `dagster api execute_run` runs it, in this process. `code` is
+    the run's code location (its module, its working directory): where it is the template's warm
+    definitions, and they are current, the run uses them instead of importing its own."""
+    if (warm := sys.modules.get(WARM_DEFINITIONS)) is not None:
+        warm.reuse_or_forget(*code)
     with DagsterInstance.from_ref(deserialize_value(instance_ref)) as instance:  # type: ignore[arg-type]
         execute_run_here(run_id, instance)
 
@@ -121,7 +170,10 @@ class WarmRunLauncher(DefaultRunLauncher):
     def __init__(self, inst_data: ConfigurableClassData | None = None) -> None:
         super().__init__(inst_data=inst_data)
         self._lock = threading.Lock()
+        # Held while a worker is forked: the template is replaced only between two forks.
+        self._start_lock = threading.Lock()
         self._context: ForkServerContext | None = None
+        self._signature: tuple[tuple[str, int, int], ...] | None = None
         self._workers: dict[str, multiprocessing.process.BaseProcess] = {}
         self._watcher: threading.Thread | None = None
         self._host = socket.gethostname()
@@ -139,11 +191,14 @@ class WarmRunLauncher(DefaultRunLauncher):
             # Another Python (a container's, another venv's): its code server starts the run.
             super().launch_run(context)
             return
-        worker = self._forkserver().Process(
-            target=_run_worker, args=(run.run_id, serialize_value(self._instance.get_ref())),
-            name=f"run-{run.run_id[:8]}",
-        )
-        worker.start()
+        pointer = origin.repository_origin.code_pointer
+        code = (getattr(pointer, "module", None), getattr(pointer, "working_directory", None))
+        with self._start_lock:
+            worker = self._forkserver().Process(
+                target=_run_worker, args=(run.run_id, serialize_value(self._instance.get_ref()), code),
+                name=f"run-{run.run_id[:8]}",
+            )
+            worker.start()
         pid = worker.pid
         assert pid is not None
         self._instance.add_run_tags(run.run_id, {
@@ -157,12 +212,23 @@ class WarmRunLauncher(DefaultRunLauncher):
                 self._watcher.start()
 
     def _forkserver(self) -> ForkServerContext:
-        """The template process, started (and its libraries imported) at the first launch."""
+        """The template process, started (and its libraries and the definitions imported) at the
+        first launch, and again at the first launch after the project's code or its sources file
+        changed: a template that kept the old definitions would leave every later run to import
+        the new ones itself. Workers forked from the old template run on; run monitoring watches
+        them from then on (see `_fail_if_unfinished`)."""
+        signature = code_signature()
         with self._lock:
             if self._context is None:
                 context = multiprocessing.get_context("forkserver")
                 context.set_forkserver_preload(list(PRELOAD))
                 self._context = context
+            elif signature != self._signature:
+                logger.info("the project's code or sources file changed: the run launcher starts a new template process")
+                # The standard library's own way to stop its fork server (its tests use it); the next
+                # fork starts a new one.
+                multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
+            self._signature = signature
             return self._context
 
     # -- watching ----------------------------------------------------------------------------------

@@ -441,6 +441,20 @@ def test_a_run_worker_leaves_what_it_loaded_out_of_full_garbage_collections() ->
     assert float(pause) < 0.05  # a full collection no longer walks them (about 0.1 s before)
 
 
+def test_a_worker_forked_from_a_frozen_process_freezes_its_own_run_objects_too() -> None:
+    # The run launcher's template froze what it imported; the worker forked from it still freezes
+    # what its run then built (the definitions are the template's, the run's context is its own).
+    code = ("import gc, os, definitions\nfrom assets.sources import freeze_startup_objects as freeze\n"
+            "freeze(); template = gc.get_freeze_count()\n"
+            "if os.fork() == 0:\n"
+            "    run_objects = [[] for _ in range(10_000)]\n"
+            "    freeze(); print(gc.get_freeze_count() - template, flush=True); os._exit(0)\n"
+            "os.wait()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert int(done.stdout.split()[-1]) >= 10_000
+
+
 def _check_partition_states(instance: DagsterInstance, source: str) -> dict[str, str]:
     """Each partition's check state as Dagster's UI counts it: a result is current only when it
     names the partition's latest materialization; any other counts as missing."""

@@ -1,6 +1,7 @@
 """Jobs the run launcher's tests launch: importable by module path, as a code location's are."""
 
 import os
+import sys
 import time
 
 from dagster import In, Nothing, OpExecutionContext, in_process_executor, job, op
@@ -8,8 +9,10 @@ from dagster import In, Nothing, OpExecutionContext, in_process_executor, job, o
 
 @op
 def note_the_worker(context: OpExecutionContext) -> None:
-    """Records the worker's pid and its parent's, for the test to read back."""
+    """Records the worker's pid and its parent's, and whether the template had imported the fleet's
+    definitions (the worker itself never imports the module that does), for the test to read back."""
     context.log.info(f"worker pid {os.getpid()} parent {os.getppid()}")
+    context.log.info(f"template imported the definitions: {'resources.warm_definitions' in sys.modules}")
 
 
 @job(executor_def=in_process_executor)

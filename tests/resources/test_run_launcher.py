@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, JobDefinition
 from dagster._core.errors import DagsterInvariantViolationError
 
 from resources.dagster_internals import WorkerStatus
-from resources.run_launcher import PRELOAD, WORKER_TAG, WarmRunLauncher
+from resources.run_launcher import PRELOAD, WARM_DEFINITIONS, WORKER_TAG, WarmRunLauncher
 from tests.resources import launcher_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +88,31 @@ def test_a_run_is_executed_by_a_worker_forked_from_the_template_process(instance
     assert parent != os.getpid()
     assert "forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes().decode(errors="replace")
     assert _parent(parent) == os.getpid()
+    # The template imported the fleet's definitions before it forked (resources/warm_definitions.py).
+    assert "template imported the definitions: True" in messages
+
+
+def _template_of(instance: DagsterInstance, job: JobDefinition) -> int:
+    """The pid of the template process that forked the worker of a run of `job`."""
+    run = _launch(instance, job)
+    assert _wait(instance, run.run_id, {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE}).status is DagsterRunStatus.SUCCESS
+    logged = next(m for m in _messages(instance, run.run_id) if m.startswith("worker pid"))
+    return int(re.findall(r"\d+", logged)[1])
+
+
+def test_a_changed_sources_file_gets_a_new_template_at_the_next_launch(
+    instance: DagsterInstance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The template's definitions were built from the sources file: once it changes, a template that
+    # kept them would leave every later run to import the definitions itself.
+    sources = tmp_path / "sources.yaml"
+    shutil.copy(ROOT / "sources.yaml", sources)
+    monkeypatch.setenv("INVESTIGATIONS_SOURCES", str(sources))
+    first = _template_of(instance, launcher_jobs.quick)
+    assert _template_of(instance, launcher_jobs.quick) == first  # nothing changed: the same template
+    os.utime(sources, ns=(time.time_ns(), sources.stat().st_mtime_ns + 1_000_000_000))
+    assert _template_of(instance, launcher_jobs.quick) != first
+    assert not Path(f"/proc/{first}").exists()  # the old template was stopped, not left behind
 
 
 def test_a_killed_worker_fails_its_run_within_seconds(instance: DagsterInstance) -> None:
@@ -135,12 +161,12 @@ def test_a_run_of_another_python_goes_to_its_code_server(instance: DagsterInstan
 
 
 def test_the_template_process_preloads_every_library_the_definitions_import() -> None:
-    # In a fresh Python: after PRELOAD, importing the definitions adds no library outside the
+    # In a fresh Python: after PRELOAD's libraries, importing the definitions adds no library outside the
     # project and the standard library (a library missing from PRELOAD would be imported by every run;
     # a submodule of a preloaded one may still be).
     script = (
         "import importlib, json, sys\n"
-        f"for name in {list(PRELOAD)!r}:\n"
+        f"for name in {[name for name in PRELOAD if name != WARM_DEFINITIONS]!r}:\n"
         "    importlib.import_module(name)\n"
         "before = {m.split('.')[0] for m in sys.modules}\n"
         "import definitions\n"
