@@ -27,8 +27,10 @@ Hooks (behaviour replaced):
 
 5. `execute_run_here`: what `dagster api execute_run` does with a run (its `_execute_run_command_body`),
    in a worker that `resources.run_launcher.WarmRunLauncher` forked from a process that had imported
-   Dagster and the definitions' libraries already, instead of a fresh Python that imports them all
-   for each run. Gain: 1.5-2 s of CPU per run start (docs/benchmarks.md, "A fresh single lead").
+   Dagster, the definitions' libraries and the definitions themselves already (the definitions
+   kept while current: resources/warm_definitions.py), instead of a fresh Python that imports them
+   all for each run. Gain: 1.5-2 s of CPU per run start (docs/benchmarks.md, "A fresh single lead"),
+   and about 1 s more with the definitions ("The definitions imported once").
 
 Private names imported for their types only (no behaviour replaced; Dagster exports no public name):
 `UnresolvedAssetJobDefinition` (what `define_asset_job` returns), `LaunchRunContext`,
