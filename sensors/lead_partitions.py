@@ -20,6 +20,8 @@ its history is the partition's again. Why a lifecycle: docs/design.md, "A millio
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,7 +31,14 @@ from sqlalchemy.exc import IntegrityError
 
 from assets.partitions import LEADS_PARTITIONS
 from investigations.store import StateStore, utcnow
-from resources.dagster_internals import delete_partition_keys
+from resources.dagster_internals import (
+    InstanceRef,
+    carry_partition_status,
+    delete_partition_keys,
+    existing_partition_keys,
+)
+
+logger = logging.getLogger(__name__)
 
 # A lead's `created_at` is stamped before its transaction commits; re-reading this much before the
 # watermark catches one committed late. Adding an existing partition is a no-op.
@@ -50,22 +59,95 @@ LIFECYCLE_EVERY_S = 60.0
 LIFECYCLE_BUDGET_S = 3.0
 
 
-def add_partitions(instance: DagsterInstance, keys: Iterable[str]) -> None:
-    """Add `keys` to the `leads` partitions (idempotent), in chunks, in the order given.
+def add_partitions(instance: DagsterInstance, keys: Iterable[str]) -> list[str]:
+    """Add `keys` to the `leads` partitions (idempotent), in chunks, in the order given; return
+    those that were not partitions yet, whose sources' partition status is then carried over to the
+    new keys in the background (`carry_status_soon`).
 
     Dagster reads which keys exist, then inserts the others: two ticks adding the same new lead at
     once (the primary's sync and a relay's dispatch, say) race between the two, and the slower one
     meets the unique constraint. It adds again, and this time finds the key there."""
     keys = list(dict.fromkeys(keys))
+    added: list[str] = []
     for start in range(0, len(keys), ADD_CHUNK):
         chunk = keys[start:start + ADD_CHUNK]
         for attempt in range(ADD_ATTEMPTS):
             try:
-                instance.add_dynamic_partitions(LEADS_PARTITIONS, chunk)
+                existing = existing_partition_keys(instance, LEADS_PARTITIONS, chunk)
+                new = [key for key in chunk if key not in existing]
+                if new:
+                    instance.add_dynamic_partitions(LEADS_PARTITIONS, new)
+                added.extend(new)
                 break
             except IntegrityError:
                 if attempt == ADD_ATTEMPTS - 1:
                     raise
+    if added:
+        carry_status_soon(instance, added)
+    return added
+
+
+class _Carrier:
+    """Carries the sources' partition status over to added keys (`carry_partition_status`) in a
+    thread of its own, so the tick that added them (a fresh lead's, which an investigator waits on)
+    does not wait for it: about a read of every key and a query per source. Keys added while a carry
+    runs are taken by the next; where a carry found no status to move and more keys came meanwhile,
+    its keys go with those (the status may have been made before both)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, instance: DagsterInstance, keys: Iterable[str]) -> None:
+        if instance.is_ephemeral:
+            # An in-memory instance (tests, `dagster dev` without a home) cannot be opened again elsewhere.
+            carry_partition_status(instance, LEADS_PARTITIONS, set(keys))
+            return
+        ref = instance.get_ref()
+        with self._lock:
+            self._pending.update(keys)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, args=(ref,), name="carry-partition-status",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self, ref: InstanceRef) -> None:
+        while True:
+            with self._lock:
+                taken, self._pending = self._pending, set()
+                if not taken:
+                    self._thread = None
+                    return
+            try:
+                with DagsterInstance.from_ref(ref) as instance:
+                    carried = carry_partition_status(instance, LEADS_PARTITIONS, taken)
+            except Exception:  # noqa: BLE001 - the UI rebuilds what is not carried; the thread must not die
+                logger.warning("could not carry the partition status over to %d new lead(s)", len(taken), exc_info=True)
+                carried = []
+            if not carried:
+                with self._lock:
+                    if self._pending:
+                        self._pending |= taken
+
+    def join(self, timeout_s: float = 30.0) -> None:
+        """Wait until every key added so far is carried (tests)."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+
+
+_carrier = _Carrier()
+
+
+def carry_status_soon(instance: DagsterInstance, keys: Iterable[str]) -> None:
+    """Carry the sources' partition status over to `keys`, just added, in the background."""
+    _carrier.add(instance, keys)
+
+
+def wait_for_carried_status(timeout_s: float = 30.0) -> None:
+    _carrier.join(timeout_s)
 
 
 def sync_lead_partitions(instance: DagsterInstance, store: StateStore, *, since: datetime | None,

@@ -125,6 +125,20 @@ def test_hook_partition_status_finds_the_function_the_ui_rebuilds_a_status_with(
         "warm_partition_status: the status cache no longer names the partition keys it was made for"
 
 
+def test_hook_carried_status_finds_the_identifier_dagster_gives_the_keys_and_its_lookup_by_partition() -> None:
+    from dagster._core.definitions.partitions.utils.base import generate_partition_key_based_definition_id
+
+    from assets.partitions import LEADS_PARTITIONS, leads_partitions
+
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(LEADS_PARTITIONS, ["lead-b", "lead-a"])
+        assert generate_partition_key_based_definition_id(["lead-b", "lead-a"]) == \
+            leads_partitions.get_serializable_unique_identifier(dynamic_partitions_store=instance), \
+            "carry_partition_status: a status's identifier is no longer the hash of the keys in the order added"
+    assert {"asset_key", "event_type", "partitions"} <= set(_parameters(SqlEventLogStorage.get_latest_storage_id_by_partition)), \
+        "carry_partition_status: the latest event by partition can no longer be asked for some partitions"
+
+
 def test_hook_execute_run_here_finds_the_body_of_dagster_s_execute_run_command() -> None:
     from dagster._cli.api import _execute_run_command_body, execute_run_command
 

@@ -14,7 +14,14 @@ from dagster._core.storage.partition_status_cache import get_and_update_asset_st
 from assets.partitions import LEADS_PARTITIONS, leads_partitions
 from investigations.intake.leads import normalize_lead
 from investigations.store import StateStore, utcnow
-from sensors.lead_partitions import SETTLE, add_partitions, lifecycle_pass, sync_lead_partitions
+from resources.dagster_internals import delete_partition_keys
+from sensors.lead_partitions import (
+    SETTLE,
+    add_partitions,
+    lifecycle_pass,
+    sync_lead_partitions,
+    wait_for_carried_status,
+)
 
 A, B, C = (normalize_lead("domain", f"{name}.example") for name in ("a", "b", "c"))
 RETIRE_AFTER = timedelta(days=7)
@@ -125,6 +132,9 @@ class RacedInstance:
     def __init__(self, real: DagsterInstance) -> None:
         self.real, self.adds = real, 0
 
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
     def add_dynamic_partitions(self, name: str, keys: list[str]) -> None:
         self.adds += 1
         if self.adds == 1:
@@ -139,5 +149,60 @@ class RacedInstance:
 
 def test_adding_keys_another_tick_adds_at_the_same_moment_succeeds(instance: DagsterInstance) -> None:
     raced = RacedInstance(instance)
-    add_partitions(raced, [A.partition_key, B.partition_key])  # type: ignore[arg-type]
-    assert raced.adds == 2 and keys(instance) == sorted([A.partition_key, B.partition_key])
+    added = add_partitions(raced, [A.partition_key, B.partition_key])  # type: ignore[arg-type]
+    # Its second try finds both keys there: the other tick added them, this one adds nothing.
+    assert raced.adds == 1 and added == [] and keys(instance) == sorted([A.partition_key, B.partition_key])
+
+
+def cached_status(instance: DagsterInstance):
+    (record,) = instance.get_asset_records([AssetKey("probe")])
+    return record.asset_entry.cached_status
+
+
+def current_id(instance: DagsterInstance) -> str:
+    return leads_partitions.get_serializable_unique_identifier(dynamic_partitions_store=instance)
+
+
+def test_a_fresh_lead_s_key_carries_the_partition_status_over_instead_of_a_rebuild(instance: DagsterInstance) -> None:
+    add_partitions(instance, [A.partition_key])
+    materialize([probe], partition_key=A.partition_key, instance=instance)
+    assert materialized(instance) == [A.partition_key]  # the status the UI reads, cached for [A]
+    before = cached_status(instance)
+    assert add_partitions(instance, [A.partition_key, B.partition_key]) == [B.partition_key]
+    wait_for_carried_status()
+    after = cached_status(instance)
+    # Current for the keys now, so the UI's next read does not rebuild it; nothing else changed.
+    assert after.partitions_def_id == current_id(instance) != before.partitions_def_id
+    assert after._replace(partitions_def_id=before.partitions_def_id) == before
+    assert materialized(instance) == [A.partition_key]
+
+
+def test_a_lead_brought_back_with_its_history_gets_its_status_rebuilt_not_carried(instance: DagsterInstance) -> None:
+    add_partitions(instance, [A.partition_key, B.partition_key])
+    materialize([probe], partition_key=A.partition_key, instance=instance)
+    delete_partition_keys(instance, LEADS_PARTITIONS, [A.partition_key])  # retired
+    assert materialized(instance) == []  # the status, cached for [B]
+    add_partitions(instance, [A.partition_key])  # brought back
+    wait_for_carried_status()
+    assert cached_status(instance).partitions_def_id != current_id(instance)  # left to Dagster's rebuild
+    assert materialized(instance) == [A.partition_key]
+
+
+def test_a_status_made_for_other_keys_than_the_ones_before_is_left_to_dagster(instance: DagsterInstance) -> None:
+    add_partitions(instance, [A.partition_key, B.partition_key])
+    materialize([probe], partition_key=A.partition_key, instance=instance)
+    assert materialized(instance) == [A.partition_key]  # cached for [A, B]
+    delete_partition_keys(instance, LEADS_PARTITIONS, [B.partition_key])  # the status is not told
+    add_partitions(instance, [C.partition_key])
+    wait_for_carried_status()
+    assert cached_status(instance).partitions_def_id != current_id(instance)
+    assert materialized(instance) == [A.partition_key]
+
+
+def test_on_an_in_memory_instance_the_status_is_carried_before_the_add_returns() -> None:
+    with DagsterInstance.ephemeral() as instance:
+        add_partitions(instance, [A.partition_key])
+        materialize([probe], partition_key=A.partition_key, instance=instance)
+        assert materialized(instance) == [A.partition_key]
+        add_partitions(instance, [B.partition_key])
+        assert cached_status(instance).partitions_def_id == current_id(instance)
