@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from dagster import DagsterInstance
+from dagster import DagsterInstance, serialize_value
 from sqlalchemy.exc import IntegrityError
 
 from assets.partitions import LEADS_PARTITIONS
@@ -92,11 +92,12 @@ class _Carrier:
     thread of its own, so the tick that added them (a fresh lead's, which an investigator waits on)
     does not wait for it: about a read of every key and a query per source. Keys added while a carry
     runs are taken by the next; where a carry found no status to move and more keys came meanwhile,
-    its keys go with those (the status may have been made before both)."""
+    its keys go with those (the status may have been made before both). Keys are kept per Dagster
+    instance they were added to."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: set[str] = set()
+        self._pending: dict[str, tuple[InstanceRef, set[str]]] = {}
         self._thread: threading.Thread | None = None
 
     def add(self, instance: DagsterInstance, keys: Iterable[str]) -> None:
@@ -106,19 +107,19 @@ class _Carrier:
             return
         ref = instance.get_ref()
         with self._lock:
-            self._pending.update(keys)
+            self._pending.setdefault(serialize_value(ref), (ref, set()))[1].update(keys)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, args=(ref,), name="carry-partition-status",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="carry-partition-status", daemon=True)
                 self._thread.start()
 
-    def _run(self, ref: InstanceRef) -> None:
+    def _run(self) -> None:
         while True:
             with self._lock:
-                taken, self._pending = self._pending, set()
-                if not taken:
+                if not self._pending:
                     self._thread = None
                     return
+                name = next(iter(self._pending))
+                ref, taken = self._pending.pop(name)
             try:
                 with DagsterInstance.from_ref(ref) as instance:
                     carried = carry_partition_status(instance, LEADS_PARTITIONS, taken)
@@ -127,8 +128,8 @@ class _Carrier:
                 carried = []
             if not carried:
                 with self._lock:
-                    if self._pending:
-                        self._pending |= taken
+                    if name in self._pending:
+                        self._pending[name][1].update(taken)
 
     def join(self, timeout_s: float = 30.0) -> None:
         """Wait until every key added so far is carried (tests)."""
