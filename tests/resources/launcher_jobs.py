@@ -13,6 +13,7 @@ def note_the_worker(context: OpExecutionContext) -> None:
     definitions (the worker itself never imports the module that does), for the test to read back."""
     context.log.info(f"worker pid {os.getpid()} parent {os.getppid()}")
     context.log.info(f"template imported the definitions: {'resources.warm_definitions' in sys.modules}")
+    context.log.info(f"worker niceness {os.getpriority(os.PRIO_PROCESS, 0)}")
 
 
 @job(executor_def=in_process_executor)

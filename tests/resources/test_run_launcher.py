@@ -21,6 +21,7 @@ import yaml
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, JobDefinition, reconstructable
 from dagster._core.errors import DagsterInvariantViolationError
 
+from investigations.scheduling.priority import BACKGROUND_NICENESS, PriorityClass, run_tags
 from resources.dagster_internals import WorkerStatus
 from resources.run_launcher import PRELOAD, WARM_DEFINITIONS, WORKER_TAG, WarmRunLauncher
 from tests.resources import launcher_jobs
@@ -38,11 +39,12 @@ def instance(tmp_path: Path) -> Iterator[DagsterInstance]:
         instance.run_launcher.join(timeout=30)
 
 
-def _launch(instance: DagsterInstance, job: JobDefinition, *, executable: str | None = None) -> DagsterRun:
+def _launch(instance: DagsterInstance, job: JobDefinition, *, executable: str | None = None,
+            tags: dict[str, str] | None = None) -> DagsterRun:
     origin = reconstructable(job).get_python_origin()
     if executable is not None:
         origin = origin._replace(repository_origin=origin.repository_origin._replace(executable_path=executable))
-    run = instance.create_run_for_job(job_def=job, job_code_origin=origin)
+    run = instance.create_run_for_job(job_def=job, job_code_origin=origin, tags=tags)
     return instance.launch_run(run.run_id, workspace=None)  # type: ignore[arg-type]
 
 
@@ -90,6 +92,22 @@ def test_a_run_is_executed_by_a_worker_forked_from_the_template_process(instance
     assert _parent(parent) == os.getpid()
     # The template imported the fleet's definitions before it forked (resources/warm_definitions.py).
     assert "template imported the definitions: True" in messages
+
+
+@pytest.mark.parametrize(("tags", "niceness"), [
+    (run_tags(PriorityClass.BACKFILL), BACKGROUND_NICENESS),
+    (run_tags(PriorityClass.RECURRING), BACKGROUND_NICENESS),
+    ({"dagster/backfill": "abc"}, BACKGROUND_NICENESS),  # a backfill launched from the UI
+    (run_tags(PriorityClass.INTERACTIVE), 0),
+])
+def test_a_background_run_works_at_a_lower_cpu_priority_from_its_start(
+    instance: DagsterInstance, tags: dict[str, str], niceness: int
+) -> None:
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # the test's own process, and so the template, at 0
+    run = _launch(instance, launcher_jobs.quick, tags=tags)
+    assert _wait(instance, run.run_id, {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE}).status is DagsterRunStatus.SUCCESS
+    # Logged by the run's first op, before anything of ours lowered it (launcher_jobs is not an asset).
+    assert f"worker niceness {niceness}" in _messages(instance, run.run_id)
 
 
 def _template_of(instance: DagsterInstance, job: JobDefinition) -> int:
