@@ -48,6 +48,7 @@ from investigations.scheduling.dispatch import LeadCadenceView, batch_size, next
 from investigations.scheduling.priority import (
     BACKGROUND_NICENESS,
     CASE_TAG,
+    CHECKS_IN_STEP_TAG,
     HANDOVER_TAG,
     JOINED_CASES_TAG,
     LEADS_TAG,
@@ -310,6 +311,8 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
         members = batch_members(context, fleet)
         lead_ids = [member.lead_id for member in members]
         check_selected = check_key in context.selected_asset_check_keys
+        # A dispatched batch runs without its check selected (CHECKS_IN_STEP_TAG) and judges its leads all the same.
+        judged = check_selected or context.run.tags.get(CHECKS_IN_STEP_TAG) == "true"
         if check_selected:
             # The check's output, once per step: Dagster expects it of every step the check is
             # selected in; the evaluations below carry the results, one per lead.
@@ -357,7 +360,7 @@ def build_source_asset(spec: SourceSpec) -> AssetsDefinition:
                 cost = collection_cost_usd(spec, outcome.sent, prices)
                 yield materialization(spec, outcome, cost_usd=cost, over_budget=past_budget,
                                       cadence=next_visit(fleet.store, spec, lead_id))
-                if check_selected:
+                if judged:
                     checks.add(outcome.partition_key or lead_id,
                                baselines.judge(lead_id, outcome.lead_kind, outcome.records, outcome.common_fields),
                                outcome.sample_keys)

@@ -51,14 +51,21 @@ from dagster import (
 )
 
 from assets.jobs import SourceJob
-from assets.naming import job_name
+from assets.naming import job_name, source_asset_key
 from assets.partitions import LEADS_PARTITIONS, leads_partitions
 from investigations.collection.runwork import OPEN_BEFORE_START_S
 from investigations.config import DEFAULT_RETIRE_AFTER_S
 from investigations.intake.leads import Lead
 from investigations.pacing import Circuits
 from investigations.scheduling.dispatch import DispatchPlan, Handover, ingest, max_runtime_s, order_from, plan_dispatch
-from investigations.scheduling.priority import BACKGROUND_TAG, CASE_TAG, HANDOVER_TAG, PriorityClass, run_tags
+from investigations.scheduling.priority import (
+    BACKGROUND_TAG,
+    CASE_TAG,
+    CHECKS_IN_STEP_TAG,
+    HANDOVER_TAG,
+    PriorityClass,
+    run_tags,
+)
 from investigations.sources.specs import SourceCatalog, SourceSpec
 from investigations.store import StateStore
 from resources.fleet import FleetResource
@@ -149,7 +156,12 @@ def run_request_for(handover: Handover, order: Mapping[str, int], spec: SourceSp
             "dagster/asset_partition_range_start": leads[0],
             "dagster/asset_partition_range_end": leads[-1],
             "investigations/batch_size": str(len(leads)),
+            CHECKS_IN_STEP_TAG: "true",
         },
+        # The asset alone: its check's results are reported by the step (CHECKS_IN_STEP_TAG), and
+        # Dagster plans no check row per partition of the range.
+        asset_selection=[source_asset_key(handover.source)],
+        asset_check_keys=[],
     )
 
 

@@ -40,6 +40,12 @@ CASE_TAG = "investigations/case"
 # An interactive run that fresh leads of other cases joined names those cases here (see
 # `investigations.collection.runwork`); its own case stays in CASE_TAG.
 JOINED_CASES_TAG = "investigations/joined_cases"
+# A dispatched batch runs its source's asset alone, without its check in the run's selection, and
+# judges each lead in the step all the same (`assets.sources`): Dagster writes a planned row for a
+# selected check per partition of the run's range, each holding the whole serialized range (some
+# 40 KB for 1,000 leads: 40 MB and seconds of the daemon's time per batch run it creates). Set on
+# such runs; a run launched from the UI without the check is not judged.
+CHECKS_IN_STEP_TAG = "investigations/checks_in_step"
 # A run of several leads names them here, as investigators type them (`domain:example.com, ...`): the
 # leads a dispatched batch or a UI backfill's run covers, cut to a run tag's length.
 LEADS_TAG = "investigations/leads"

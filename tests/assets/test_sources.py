@@ -18,6 +18,7 @@ from dagster import (
     AssetMaterialization,
     AssetRecordsFilter,
     AssetSelection,
+    DagsterEventType,
     DagsterInstance,
     Definitions,
     TimestampMetadataValue,
@@ -33,7 +34,14 @@ from investigations.fleet.degradation import Verdict, answer_verdict
 from investigations.intake.leads import Lead, normalize_lead
 from investigations.pacing import Circuits
 from investigations.scheduling.dispatch import plan_recurring
-from investigations.scheduling.priority import BACKGROUND_NICENESS, HANDOVER_TAG, LEADS_TAG, PriorityClass, run_tags
+from investigations.scheduling.priority import (
+    BACKGROUND_NICENESS,
+    CHECKS_IN_STEP_TAG,
+    HANDOVER_TAG,
+    LEADS_TAG,
+    PriorityClass,
+    run_tags,
+)
 from investigations.sources.catalog import load_catalog
 from investigations.sources.specs import load_sources, parse_sources
 from investigations.store import StateStore
@@ -267,6 +275,40 @@ def test_a_batch_run_collects_every_lead_of_a_partition_range(world) -> None:
     assert sorted(m.partition for m in mats) == sorted([lead.partition_key, *(o.partition_key for o in others)])
     checks = result.get_asset_check_evaluations()
     assert sorted(c.partition for c in checks) == sorted(m.partition for m in mats) and all(c.passed for c in checks)
+
+
+def test_a_dispatched_batch_judges_every_lead_without_dagster_planning_a_check_row_per_partition(world) -> None:
+    settings, lead, instance, _ = world
+    others = _three_more_leads(world)
+    spec = load_catalog(settings.sources_path).get("robust")
+    # As the dispatcher requests a batch: the asset alone, its check judged in the step.
+    result = materialize(
+        [build_source_asset(spec)], instance=instance, selection=AssetSelection.assets(source_asset_key("robust")).without_checks(),
+        tags={"dagster/asset_partition_range_start": lead.partition_key,
+              "dagster/asset_partition_range_end": others[-1].partition_key, CHECKS_IN_STEP_TAG: "true"},
+        resources={"fleet": FleetResource()},
+    )
+    assert result.success
+    planned = instance.get_records_for_run(result.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED).records
+    assert planned == []
+    # Every lead's result is the run's and counts as its partition's current one in Dagster.
+    assert _check_partition_states(instance, "robust") == {one.partition_key: "SUCCEEDED" for one in [lead, *others]}
+    evaluated = instance.get_records_for_run(result.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
+    assert len(evaluated) == 4
+
+
+def test_a_range_run_launched_without_the_check_is_not_judged(world) -> None:
+    settings, lead, instance, _ = world
+    others = _three_more_leads(world)
+    spec = load_catalog(settings.sources_path).get("robust")
+    # A user's choice in the UI: materialize the asset alone.
+    result = materialize(
+        [build_source_asset(spec)], instance=instance, selection=AssetSelection.assets(source_asset_key("robust")).without_checks(),
+        tags={"dagster/asset_partition_range_start": lead.partition_key, "dagster/asset_partition_range_end": others[-1].partition_key},
+        resources={"fleet": FleetResource()},
+    )
+    assert result.success and len(result.asset_materializations_for_node("sources__robust")) == 4
+    assert result.get_asset_check_evaluations() == []
 
 
 def test_a_batch_run_names_its_leads_by_value_in_a_run_tag(world) -> None:

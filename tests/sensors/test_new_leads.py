@@ -10,11 +10,12 @@ import pytest
 from dagster import DagsterInstance, build_sensor_context
 
 from assets.jobs import build_source_job
-from assets.naming import job_name, pool_name
+from assets.naming import job_name, pool_name, source_asset_key
 from investigations.intake.leads import normalize_lead
 from investigations.scheduling.dispatch import DispatchPlan, Handover, background_runs_for, batch_size, ingest
 from investigations.scheduling.priority import (
     CASE_TAG,
+    CHECKS_IN_STEP_TAG,
     DAGSTER_PRIORITY,
     HANDOVER_TAG,
     PRIORITY_CLASS_TAG,
@@ -161,6 +162,9 @@ def test_a_waiting_tick_hands_over_a_backfill_queued_meanwhile_at_its_next_plan(
                                    wait_for_leads_s=28.5, plan_every_s=3.5, clock=fake.clock, sleep=fake.sleep)
     (request,) = _evaluate(sensor, instance, cursor="0").run_requests
     assert request.tags["investigations/batch_size"] == "2"
+    # The asset alone, its check judged in the step: Dagster plans no check row per partition of the range.
+    assert list(request.asset_selection) == [source_asset_key("robust")] and request.asset_check_keys == []
+    assert request.tags[CHECKS_IN_STEP_TAG] == "true"
     assert fake.now == pytest.approx(3.5)  # at the first plan after it was queued, not at the tick's end
     assert sorted(instance.get_dynamic_partitions("leads")) == sorted(lead.partition_key for lead in queued)
 
