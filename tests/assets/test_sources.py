@@ -277,37 +277,37 @@ def test_a_batch_run_collects_every_lead_of_a_partition_range(world) -> None:
     assert sorted(c.partition for c in checks) == sorted(m.partition for m in mats) and all(c.passed for c in checks)
 
 
-def test_a_dispatched_batch_judges_every_lead_without_dagster_planning_a_check_row_per_partition(world) -> None:
+def _asset_alone_over_four(world, **tags: str):
+    """Three more leads after the world's one, and robust run over the four without its check selected."""
     settings, lead, instance, _ = world
     others = _three_more_leads(world)
-    spec = load_catalog(settings.sources_path).get("robust")
-    # As the dispatcher requests a batch: the asset alone, its check judged in the step.
+    range_tags = {"dagster/asset_partition_range_start": lead.partition_key,
+                  "dagster/asset_partition_range_end": others[-1].partition_key}
     result = materialize(
-        [build_source_asset(spec)], instance=instance, selection=AssetSelection.assets(source_asset_key("robust")).without_checks(),
-        tags={"dagster/asset_partition_range_start": lead.partition_key,
-              "dagster/asset_partition_range_end": others[-1].partition_key, CHECKS_IN_STEP_TAG: "true"},
-        resources={"fleet": FleetResource()},
+        [build_source_asset(load_catalog(settings.sources_path).get("robust"))], instance=instance,
+        selection=AssetSelection.assets(source_asset_key("robust")).without_checks(),
+        tags={**range_tags, **tags}, resources={"fleet": FleetResource()},
     )
     assert result.success
+    return result, [lead, *others]
+
+
+def test_a_dispatched_batch_judges_every_lead_without_dagster_planning_a_check_row_per_partition(world) -> None:
+    instance = world[2]
+    # As the dispatcher requests a batch: the asset alone, its check judged in the step.
+    result, leads = _asset_alone_over_four(world, **{CHECKS_IN_STEP_TAG: "true"})
     planned = instance.get_records_for_run(result.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED).records
     assert planned == []
     # Every lead's result is the run's and counts as its partition's current one in Dagster.
-    assert _check_partition_states(instance, "robust") == {one.partition_key: "SUCCEEDED" for one in [lead, *others]}
+    assert _check_partition_states(instance, "robust") == {one.partition_key: "SUCCEEDED" for one in leads}
     evaluated = instance.get_records_for_run(result.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
     assert len(evaluated) == 4
 
 
 def test_a_range_run_launched_without_the_check_is_not_judged(world) -> None:
-    settings, lead, instance, _ = world
-    others = _three_more_leads(world)
-    spec = load_catalog(settings.sources_path).get("robust")
     # A user's choice in the UI: materialize the asset alone.
-    result = materialize(
-        [build_source_asset(spec)], instance=instance, selection=AssetSelection.assets(source_asset_key("robust")).without_checks(),
-        tags={"dagster/asset_partition_range_start": lead.partition_key, "dagster/asset_partition_range_end": others[-1].partition_key},
-        resources={"fleet": FleetResource()},
-    )
-    assert result.success and len(result.asset_materializations_for_node("sources__robust")) == 4
+    result, _ = _asset_alone_over_four(world)
+    assert len(result.asset_materializations_for_node("sources__robust")) == 4
     assert result.get_asset_check_evaluations() == []
 
 
