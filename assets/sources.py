@@ -46,7 +46,6 @@ from investigations.intake.leads import Lead, lead_id_of_partition
 from investigations.scheduling.cost import collection_cost_usd, identity_prices, over_budget, spend_today
 from investigations.scheduling.dispatch import LeadCadenceView, batch_size, next_visit
 from investigations.scheduling.priority import (
-    BACKGROUND_NICENESS,
     CASE_TAG,
     CHECKS_IN_STEP_TAG,
     HANDOVER_TAG,
@@ -55,6 +54,7 @@ from investigations.scheduling.priority import (
     PRIORITY_CLASS_TAG,
     PriorityClass,
     is_background,
+    lower_cpu_priority_if_background,
 )
 from investigations.sources.specs import SourceSpec
 from investigations.store import QueuedCollection, StateStore
@@ -455,17 +455,6 @@ def freeze_startup_objects() -> None:
         # Not collected first: that full collection would itself delay the first request by as much.
         gc.freeze()
         _frozen_in = os.getpid()
-
-
-def lower_cpu_priority_if_background(tags: Mapping[str, str]) -> None:
-    """Give a background run's worker process a lower CPU priority (idempotent: niceness is set, not added).
-
-    The in-process executor runs the whole run in this one process, so only this run yields.
-    """
-    if is_background(tags) and hasattr(os, "setpriority"):
-        current = os.getpriority(os.PRIO_PROCESS, 0)
-        if current < BACKGROUND_NICENESS:
-            os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICENESS)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from typing import Any, Self
 
 from dagster import DagsterInstance, DagsterRun, DefaultRunLauncher, deserialize_value, serialize_value
 
-from investigations.scheduling.priority import BACKGROUND_NICENESS, is_background
+from investigations.scheduling.priority import lower_cpu_priority_if_background
 from resources.dagster_internals import (
     CheckRunHealthResult,
     ConfigurableClassData,
@@ -150,27 +150,19 @@ def file_stats(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
 
 
 def _run_worker(run_id: str, instance_ref: str, code: tuple[str | None, str | None] = (None, None),
-                niceness: int = 0) -> None:
+                tags: Mapping[str, str] | None = None) -> None:
     """The forked worker: the run, as `dagster api execute_run` runs it, in this process. `code` is
     the run's code location (its module, its working directory): where it is the template's warm
-    definitions, and they are current, the run uses them instead of importing its own. `niceness`
-    is the CPU priority the run works at from its first instruction (see `worker_niceness`)."""
-    if niceness > os.getpriority(os.PRIO_PROCESS, 0):
-        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    definitions, and they are current, the run uses them instead of importing its own. A background
+    run (by its `tags`) works at its lower CPU priority from its first instruction: starting a run
+    (Dagster's run set-up, the step's first events) costs a second or so of CPU, which at the default
+    priority a batch's start would take from the batches already collecting (their sends wake late
+    and lose their slots) and from a fresh lead's run."""
+    lower_cpu_priority_if_background(tags or {})
     if (warm := sys.modules.get(WARM_DEFINITIONS)) is not None:
         warm.reuse_or_forget(*code)
     with DagsterInstance.from_ref(deserialize_value(instance_ref)) as instance:  # type: ignore[arg-type]
         execute_run_here(run_id, instance)
-
-
-def worker_niceness(tags: Mapping[str, str]) -> int:
-    """A background run's worker works at BACKGROUND_NICENESS from its fork on, its start included:
-    starting a run (Dagster's run set-up, the step's first events) costs a second or so of CPU, and
-    at the default priority a batch's start would take the CPU from the batches already collecting
-    (their sends wake late and lose their slots) as well as from a fresh lead's run. The asset lowers
-    its own priority too (`assets.sources.lower_cpu_priority_if_background`), for runs another
-    launcher starts."""
-    return BACKGROUND_NICENESS if is_background(tags) else 0
 
 
 class WarmRunLauncher(DefaultRunLauncher):
@@ -211,7 +203,7 @@ class WarmRunLauncher(DefaultRunLauncher):
         with self._start_lock:
             worker = self._forkserver().Process(
                 target=_run_worker,
-                args=(run.run_id, serialize_value(self._instance.get_ref()), code, worker_niceness(run.tags)),
+                args=(run.run_id, serialize_value(self._instance.get_ref()), code, dict(run.tags)),
                 name=f"run-{run.run_id[:8]}",
             )
             worker.start()

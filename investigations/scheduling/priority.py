@@ -6,6 +6,7 @@ run-queue headroom rules and the metrics can tell interactive work from backgrou
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from enum import StrEnum
 
@@ -62,3 +63,13 @@ def run_tags(priority: PriorityClass) -> dict[str, str]:
 def is_background(tags: Mapping[str, str]) -> bool:
     """Whether a run is background work: our recurring crawls and backfills, or a UI backfill."""
     return tags.get(BACKGROUND_TAG) == "true" or "dagster/backfill" in tags
+
+
+def lower_cpu_priority_if_background(tags: Mapping[str, str]) -> None:
+    """Give a background run's worker process BACKGROUND_NICENESS (idempotent: niceness is set, not
+    added, and never lowered). The in-process executor runs the whole run in this one process, so
+    only this run yields. The fleet's run launcher does it at the worker's fork, so a batch's start
+    is niced too (`resources.run_launcher`); the asset does it again for runs another launcher starts."""
+    if is_background(tags) and hasattr(os, "setpriority"):
+        if os.getpriority(os.PRIO_PROCESS, 0) < BACKGROUND_NICENESS:
+            os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICENESS)

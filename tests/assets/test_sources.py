@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
@@ -35,7 +33,6 @@ from investigations.intake.leads import Lead, normalize_lead
 from investigations.pacing import Circuits
 from investigations.scheduling.dispatch import plan_recurring
 from investigations.scheduling.priority import (
-    BACKGROUND_NICENESS,
     CHECKS_IN_STEP_TAG,
     HANDOVER_TAG,
     LEADS_TAG,
@@ -443,31 +440,6 @@ def test_a_retry_of_a_run_killed_after_it_stored_its_lead_succeeds_collecting_no
     assert result.success
     assert result.asset_materializations_for_node("sources__robust") == []
     assert sandbox.app_state.sources["robust"].requests == requests_before
-
-
-def _niceness_after(tags: dict[str, str]) -> int:
-    # In a child process: the niceness of a process can only go up, and this one runs the other tests.
-    code = ("import json, os, sys; from assets.sources import lower_cpu_priority_if_background as lower; "
-            "tags = json.loads(sys.argv[1]); lower(tags); lower(tags); print(os.getpriority(os.PRIO_PROCESS, 0))")
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(tags)], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parents[2])
-    return int(done.stdout.strip())
-
-
-@pytest.mark.parametrize(
-    ("tags", "background"),
-    [
-        (run_tags(PriorityClass.INTERACTIVE), False),
-        (run_tags(PriorityClass.RECURRING), True),
-        (run_tags(PriorityClass.BACKFILL), True),
-        ({"dagster/backfill": "abc"}, True),  # a backfill launched from the UI
-    ],
-)
-def test_a_background_run_worker_gives_up_cpu_priority_once_and_an_interactive_one_keeps_it(
-    tags: dict[str, str], background: bool
-) -> None:
-    inherited = os.getpriority(os.PRIO_PROCESS, 0)
-    assert _niceness_after(tags) == (max(inherited, BACKGROUND_NICENESS) if background else inherited)
 
 
 def test_a_run_worker_leaves_what_it_loaded_out_of_full_garbage_collections() -> None:
